@@ -1,0 +1,236 @@
+"""Command-line drivers: ``tessera-compile``, ``tessera-opt`` and ``tessera-viz``.
+
+Every user-facing failure is a ``TesseraError``: it is printed as one line
+(``tessera-compile: error: ...``) with exit status 1 and no traceback unless
+``--debug`` is given. Output files are written only after everything
+succeeded, each atomically, so a failed run leaves no partial file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from passes.manager import PASS_REGISTRY, ModulePass, get_pass_class
+from tessera_ir.errors import TesseraError
+from tessera_ir.model import Module
+from tessera_ir.printer import print_module
+
+EXIT_USER_ERROR = 1
+EXIT_INTERNAL_ERROR = 2
+
+PARALLEL_FLAGS = [
+    ("--pp", int, "pipeline-parallel size (devices in the pipeline)"),
+    ("--vpp", int, "virtual pipeline stages (model chunks) per device"),
+    ("--ep", int, "expert-parallel size"),
+    ("--tp", int, "tensor-parallel size"),
+    ("--microbatches", int, "micro-batches per iteration"),
+    ("--micro-batch-size", int, "sequences per micro-batch"),
+    ("--seq-len", int, "sequence length in tokens"),
+    ("--dtype", str, "activation/weight dtype: bf16, fp16, fp32, fp8"),
+]
+
+
+def _run_tool(tool: str, argv: Sequence[str] | None, body: Callable[[argparse.Namespace], int], parser: argparse.ArgumentParser) -> int:
+    args = parser.parse_args(argv)
+    try:
+        return body(args)
+    except TesseraError as err:
+        if args.debug:
+            raise
+        print(f"{tool}: error: {err}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print(f"{tool}: interrupted; no output written", file=sys.stderr)
+        return 130
+    except Exception as err:  # a bug in Tessera, not the user's input
+        if args.debug:
+            raise
+        where = traceback.extract_tb(err.__traceback__)[-1]
+        print(
+            f"{tool}: internal error: {type(err).__name__}: {err} (at {Path(where.filename).name}:{where.lineno}); "
+            "rerun with --debug for the full traceback",
+            file=sys.stderr,
+        )
+        return EXIT_INTERNAL_ERROR
+
+
+def _dump_callback(spec: str | None, dump_dir: str | None) -> Callable[[ModulePass, Module], None] | None:
+    """``--dump-after=all`` or a comma list of pass names: print the IR after those passes."""
+    if not spec:
+        return None
+    wanted = None if spec == "all" else {s.strip() for s in spec.split(",")}
+    if wanted:
+        for name in wanted:
+            get_pass_class(name)  # unknown names fail before any pass runs
+    counter = [0]
+
+    def dump(p: ModulePass, module: Module) -> None:
+        counter[0] += 1
+        if wanted is not None and p.name not in wanted:
+            return
+        text = print_module(module)
+        if dump_dir:
+            from tessera.io import write_atomic
+
+            write_atomic(Path(dump_dir) / f"{counter[0]:02d}-{p.name}.tir", text)
+        else:
+            sys.stderr.write(f"// ----- IR dump after {p.spelling()} -----\n{text}")
+
+    return dump
+
+
+def _print_timing(manager_timings: list, extra: list[tuple[str, float]]) -> None:
+    rows = extra + [(f"pass {t.name}", t.seconds) for t in manager_timings]
+    total = sum(s for _, s in rows)
+    print("===-------------------------------------------===", file=sys.stderr)
+    print("  Tessera execution timing report", file=sys.stderr)
+    print("===-------------------------------------------===", file=sys.stderr)
+    for name, seconds in rows:
+        share = 100.0 * seconds / total if total else 0.0
+        print(f"  {seconds:9.4f} s ({share:5.1f}%)  {name}", file=sys.stderr)
+    print(f"  {total:9.4f} s (100.0%)  total", file=sys.stderr)
+
+
+# ---------------------------------------------------------------- tessera-compile
+
+
+def _compile_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tessera-compile",
+        description="Capture a model with torch.fx, lower it to Tessera IR and run the planning passes.",
+    )
+    p.add_argument("source", help="model.py with build_model(), hf:<model_type>, or a path to an HF config.json")
+    p.add_argument("-o", "--output", help="output file ('-' for stdout)")
+    p.add_argument("--emit", choices=["ir"], default="ir", help="what to write to -o: ir (textual Tessera IR)")
+    p.add_argument("--summary-json", metavar="PATH", help="write the per-layer summary as JSON")
+    p.add_argument("--report", action="store_true", help="print the report of where the time goes")
+    p.add_argument("--passes", default=None, help="pass pipeline to run after capture, e.g. 'a,b{opt=v}' "
+                   "(default: the planning pipeline; 'none' to only capture)")
+    p.add_argument("--dump-after", metavar="PASSES", help="print the IR after these passes ('all' or a comma list)")
+    p.add_argument("--dump-dir", metavar="DIR", help="write --dump-after dumps as files in DIR instead of stderr")
+    p.add_argument("--no-verify", dest="verify", action="store_false", help="skip the verifier between passes")
+    p.add_argument("--timing", action="store_true", help="print how long capture and each pass took")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    group = p.add_argument_group("parallel settings (override PARALLEL in model.py and the workload defaults)")
+    for flag, typ, help_text in PARALLEL_FLAGS:
+        group.add_argument(flag, type=typ, default=None, help=help_text)
+    return p
+
+
+def _compile(args: argparse.Namespace) -> int:
+    from tessera.api import DEFAULT_PIPELINE, capture, run_passes
+    from tessera_ir.summary import summarize
+    from tessera_ir.verifier import verify
+
+    if not args.output and not args.summary_json and not args.report:
+        raise TesseraError("nothing to do: give -o FILE, --summary-json FILE or --report")
+    pipeline = DEFAULT_PIPELINE if args.passes is None else ("" if args.passes == "none" else args.passes)
+    dump = _dump_callback(args.dump_after, args.dump_dir)
+    parallel = {flag.lstrip("-").replace("-", "_"): getattr(args, flag.lstrip("-").replace("-", "_")) for flag, _, _ in PARALLEL_FLAGS}
+
+    start = time.perf_counter()
+    module = capture(args.source, **parallel)
+    capture_s = time.perf_counter() - start
+    start = time.perf_counter()
+    if args.verify:
+        verify(module)
+    verify_s = time.perf_counter() - start
+    manager = run_passes(module, pipeline, verify=args.verify, dump_after=dump)
+
+    # Render everything before writing anything, so a failure leaves no output at all.
+    outputs: list[tuple[str, str]] = []
+    if args.output:
+        outputs.append((args.output, print_module(module)))
+    if args.summary_json:
+        outputs.append((args.summary_json, json.dumps(summarize(module), indent=2) + "\n"))
+    report_text = None
+    if args.report:
+        from tessera.report import render_report
+
+        report_text = render_report(module)
+    from tessera.io import write_atomic
+
+    for path, text in outputs:
+        write_atomic(path, text)
+    if report_text is not None:
+        print(report_text)
+    if args.timing:
+        _print_timing(manager.timings, [("capture", capture_s), ("verify input", verify_s)])
+    return 0
+
+
+def compile_main(argv: Sequence[str] | None = None) -> int:
+    return _run_tool("tessera-compile", argv, _compile, _compile_parser())
+
+
+# ---------------------------------------------------------------- tessera-opt
+
+
+def _opt_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tessera-opt",
+        description="Run passes on textual Tessera IR and print the result.",
+    )
+    p.add_argument("input", nargs="?", default="-", help="input .tir file ('-' or nothing for stdin)")
+    p.add_argument("--passes", default="", help="comma-separated pass pipeline, e.g. 'verify' or 'a,b{opt=v}'")
+    p.add_argument("-o", "--output", default="-", help="output file (default: stdout)")
+    p.add_argument("--dump-after", metavar="PASSES", help="print the IR after these passes ('all' or a comma list)")
+    p.add_argument("--dump-dir", metavar="DIR", help="write --dump-after dumps as files in DIR instead of stderr")
+    p.add_argument("--no-verify", dest="verify", action="store_false", help="skip verifying input and pass results")
+    p.add_argument("--timing", action="store_true", help="print how long parsing and each pass took")
+    p.add_argument("--list-passes", action="store_true", help="list the registered passes and exit")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    return p
+
+
+def _opt(args: argparse.Namespace) -> int:
+    from passes.manager import PassManager, parse_pipeline
+    from tessera_ir.parser import parse_module
+    from tessera_ir.verifier import verify
+
+    if args.list_passes:
+        for name in sorted(PASS_REGISTRY):
+            print(f"{name:20s} {get_pass_class(name).summary}")
+        return 0
+    passes = parse_pipeline(args.passes) if args.passes.strip() else []  # bad pipelines fail before reading input
+    dump = _dump_callback(args.dump_after, args.dump_dir)
+    if args.input == "-":
+        text, source = sys.stdin.read(), "<stdin>"
+    else:
+        path = Path(args.input)
+        if not path.is_file():
+            raise TesseraError(f"input file '{args.input}' does not exist")
+        text, source = path.read_text(), str(path)
+    start = time.perf_counter()
+    module = parse_module(text, source=source)
+    parse_s = time.perf_counter() - start
+    if args.verify:
+        verify(module)
+    manager = PassManager(passes, verify_each=args.verify, dump_after=dump)
+    manager.run(module)
+    from tessera.io import write_atomic
+
+    write_atomic(args.output, print_module(module))
+    if args.timing:
+        _print_timing(manager.timings, [("parse", parse_s)])
+    return 0
+
+
+def opt_main(argv: Sequence[str] | None = None) -> int:
+    return _run_tool("tessera-opt", argv, _opt, _opt_parser())
+
+
+def viz_main(argv: Sequence[str] | None = None) -> int:
+    from tessera.viz import main
+
+    return main(argv)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(compile_main())

@@ -1,0 +1,115 @@
+"""Canonical text form of the Tessera IR.
+
+The printer defines the format; ``grammar.lark`` parses exactly what it prints.
+Every module prints to one canonical text, and parsing that text and printing
+again gives the identical bytes. Example::
+
+    module @tiny {dtype = "bf16", ep = 2, seq_len = 128} {
+      layer @embed embedding "model.embed_tokens" mixer = none ffn = none {
+        task @embed.embedding.fwd = embedding.fwd on compute {flops = 0, bytes = 65536, ...}
+      }
+      layer @l0 decoder 0 "model.layers.0" mixer = linear_attention ffn = moe {
+        task @l0.linear_attention.fwd = linear_attention.fwd on compute after(@embed.embedding.fwd) {...}
+        ...
+      }
+      plan candidate @s0.c0 {stage = 0, first = 0, last = 3}
+      plan pair_schedule @p0 {makespan = 12.5} {
+        @l0.linear_attention.fwd {start = 0.0, stream = "compute"}
+      }
+    }
+
+Core task fields print in a fixed order; extra attributes print sorted by key.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from io import StringIO
+
+from tessera_ir.model import Attrs, Layer, Module, PlanOp, SymbolRef, Task, Value
+
+INDENT = "  "
+
+
+class PrintError(ValueError):
+    """A value the text format cannot spell (NaN, infinity, an unknown type)."""
+
+
+def format_value(value: Value) -> str:
+    # bool before int: bool is a subclass of int.
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise PrintError(f"attribute value {value!r} is not finite; the IR only holds finite floats")
+        text = repr(value)
+        # repr gives '1.0', '1e-05', '1e+20': all contain '.' or 'e', so they re-parse as floats.
+        return text
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, SymbolRef):
+        return f"@{value.name}"
+    if isinstance(value, list):
+        return "[" + ", ".join(format_value(v) for v in value) + "]"
+    raise PrintError(f"attribute value {value!r} of type {type(value).__name__} cannot be printed")
+
+
+def format_attrs(attrs: Attrs) -> str:
+    return "{" + ", ".join(f"{key} = {format_value(attrs[key])}" for key in sorted(attrs)) + "}"
+
+
+def format_task(task: Task) -> str:
+    deps = ""
+    if task.deps:
+        deps = " after(" + ", ".join(f"@{d}" for d in task.deps) + ")"
+    core: list[tuple[str, Value]] = [
+        ("flops", task.flops),
+        ("bytes", task.bytes),
+        ("param_bytes", task.param_bytes),
+        ("act_bytes", task.act_bytes),
+        ("shapes", [list(s) for s in task.shapes]),  # type: ignore[misc]
+        ("movable", task.movable),
+    ]
+    fields = [f"{k} = {format_value(v)}" for k, v in core]
+    fields += [f"{k} = {format_value(task.attrs[k])}" for k in sorted(task.attrs)]
+    return (
+        f"task @{task.name} = {task.kind} on {task.resource.value}{deps} "
+        + "{" + ", ".join(fields) + "}"
+    )
+
+
+def _layer_header(layer: Layer) -> str:
+    index = f" {layer.index}" if layer.index is not None else ""
+    attrs = f" {format_attrs(layer.attrs)}" if layer.attrs else ""
+    return (
+        f"layer @{layer.name} {layer.role.value}{index} {json.dumps(layer.path)} "
+        f"mixer = {layer.mixer.value} ffn = {layer.ffn.value}{attrs} {{"
+    )
+
+
+def _print_plan_op(op: PlanOp, out: StringIO) -> None:
+    out.write(f"{INDENT}plan {op.op} @{op.name} {format_attrs(op.attrs)}")
+    if op.entries:
+        out.write(" {\n")
+        for entry in op.entries:
+            out.write(f"{INDENT * 2}@{entry.ref} {format_attrs(entry.attrs)}\n")
+        out.write(f"{INDENT}}}")
+    out.write("\n")
+
+
+def print_module(module: Module) -> str:
+    out = StringIO()
+    attrs = f" {format_attrs(module.attrs)}" if module.attrs else ""
+    out.write(f"module @{module.name}{attrs} {{\n")
+    for layer in module.layers:
+        out.write(f"{INDENT}{_layer_header(layer)}\n")
+        for task in layer.tasks:
+            out.write(f"{INDENT * 2}{format_task(task)}\n")
+        out.write(f"{INDENT}}}\n")
+    for op in module.plan:
+        _print_plan_op(op, out)
+    out.write("}\n")
+    return out.getvalue()
