@@ -2,7 +2,9 @@
 
 from tessera_ir.kinds import FfnKind, LayerRole, MixerKind, Phase, Resource, TaskOp
 from tessera_ir.model import Attrs, Layer, Module, PlanEntry, PlanOp, SymbolRef, Task, Value
+from tessera_ir.parser import parse_module
 from tessera_ir.printer import print_module
+from tessera_ir.verifier import collect_errors, verify
 
 __all__ = [
     "Attrs",
@@ -19,5 +21,8 @@ __all__ = [
     "Task",
     "TaskOp",
     "Value",
+    "collect_errors",
+    "parse_module",
     "print_module",
+    "verify",
 ]

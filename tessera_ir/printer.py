@@ -12,19 +12,23 @@ again gives the identical bytes. Example::
         task @l0.linear_attention.fwd = linear_attention.fwd on compute after(@embed.embedding.fwd) {...}
         ...
       }
-      plan candidate @s0.c0 {stage = 0, first = 0, last = 3}
+      plan candidate @s0.c0 {first = 0, last = 3, stage = 0}
       plan pair_schedule @p0 {makespan = 12.5} {
         @l0.linear_attention.fwd {start = 0.0, stream = "compute"}
       }
     }
 
 Core task fields print in a fixed order; extra attributes print sorted by key.
+Names (after ``@``) use letters, digits, ``_``, ``.`` and ``-``; attribute keys and
+plan op kinds start with a letter or ``_``. Anything else raises PrintError rather
+than printing text that would not read back.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from io import StringIO
 
 from tessera_ir.model import Attrs, Layer, Module, PlanOp, SymbolRef, Task, Value
@@ -33,7 +37,32 @@ INDENT = "  "
 
 
 class PrintError(ValueError):
-    """A value the text format cannot spell (NaN, infinity, an unknown type)."""
+    """A value the text format cannot spell (NaN, infinity, an unknown type, a name with spaces)."""
+
+
+# What the grammar's SYMBOL (after the '@') and WORD terminals accept.
+_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
+_WORD_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
+_CORE_TASK_FIELDS = frozenset({"flops", "bytes", "param_bytes", "act_bytes", "shapes", "movable"})
+
+
+def format_name(name: str) -> str:
+    """``@name``; names are letters, digits, '_', '.' and '-' so that they read back as one token."""
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+        raise PrintError(
+            f"name {name!r} cannot be printed: names use only letters, digits, '_', '.' and '-' "
+            "and do not start with '.' or '-'"
+        )
+    return "@" + name
+
+
+def _word(text: str, what: str) -> str:
+    if not isinstance(text, str) or not _WORD_RE.fullmatch(text):
+        raise PrintError(
+            f"{what} {text!r} cannot be printed: it must start with a letter or '_' and use only "
+            "letters, digits, '_', '.' and '-'"
+        )
+    return text
 
 
 def format_value(value: Value) -> str:
@@ -51,20 +80,20 @@ def format_value(value: Value) -> str:
     if isinstance(value, str):
         return json.dumps(value)
     if isinstance(value, SymbolRef):
-        return f"@{value.name}"
+        return format_name(value.name)
     if isinstance(value, list):
         return "[" + ", ".join(format_value(v) for v in value) + "]"
     raise PrintError(f"attribute value {value!r} of type {type(value).__name__} cannot be printed")
 
 
 def format_attrs(attrs: Attrs) -> str:
-    return "{" + ", ".join(f"{key} = {format_value(attrs[key])}" for key in sorted(attrs)) + "}"
+    return "{" + ", ".join(f"{_word(key, 'attribute name')} = {format_value(attrs[key])}" for key in sorted(attrs)) + "}"
 
 
 def format_task(task: Task) -> str:
     deps = ""
     if task.deps:
-        deps = " after(" + ", ".join(f"@{d}" for d in task.deps) + ")"
+        deps = " after(" + ", ".join(format_name(d) for d in task.deps) + ")"
     core: list[tuple[str, Value]] = [
         ("flops", task.flops),
         ("bytes", task.bytes),
@@ -74,9 +103,12 @@ def format_task(task: Task) -> str:
         ("movable", task.movable),
     ]
     fields = [f"{k} = {format_value(v)}" for k, v in core]
-    fields += [f"{k} = {format_value(task.attrs[k])}" for k in sorted(task.attrs)]
+    for k in sorted(task.attrs):
+        if k in _CORE_TASK_FIELDS:
+            raise PrintError(f"task '{task.name}' has '{k}' in attrs; it is a core field, set Task.{k} instead")
+        fields.append(f"{_word(k, 'attribute name')} = {format_value(task.attrs[k])}")
     return (
-        f"task @{task.name} = {task.kind} on {task.resource.value}{deps} "
+        f"task {format_name(task.name)} = {task.kind} on {task.resource.value}{deps} "
         + "{" + ", ".join(fields) + "}"
     )
 
@@ -85,17 +117,17 @@ def _layer_header(layer: Layer) -> str:
     index = f" {layer.index}" if layer.index is not None else ""
     attrs = f" {format_attrs(layer.attrs)}" if layer.attrs else ""
     return (
-        f"layer @{layer.name} {layer.role.value}{index} {json.dumps(layer.path)} "
+        f"layer {format_name(layer.name)} {layer.role.value}{index} {json.dumps(layer.path)} "
         f"mixer = {layer.mixer.value} ffn = {layer.ffn.value}{attrs} {{"
     )
 
 
 def _print_plan_op(op: PlanOp, out: StringIO) -> None:
-    out.write(f"{INDENT}plan {op.op} @{op.name} {format_attrs(op.attrs)}")
+    out.write(f"{INDENT}plan {_word(op.op, 'plan op kind')} {format_name(op.name)} {format_attrs(op.attrs)}")
     if op.entries:
         out.write(" {\n")
         for entry in op.entries:
-            out.write(f"{INDENT * 2}@{entry.ref} {format_attrs(entry.attrs)}\n")
+            out.write(f"{INDENT * 2}{format_name(entry.ref)} {format_attrs(entry.attrs)}\n")
         out.write(f"{INDENT}}}")
     out.write("\n")
 
@@ -103,7 +135,7 @@ def _print_plan_op(op: PlanOp, out: StringIO) -> None:
 def print_module(module: Module) -> str:
     out = StringIO()
     attrs = f" {format_attrs(module.attrs)}" if module.attrs else ""
-    out.write(f"module @{module.name}{attrs} {{\n")
+    out.write(f"module {format_name(module.name)}{attrs} {{\n")
     for layer in module.layers:
         out.write(f"{INDENT}{_layer_header(layer)}\n")
         for task in layer.tasks:

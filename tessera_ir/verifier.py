@@ -1,0 +1,492 @@
+"""The IR verifier: a registry of named checks, each an invariant every module keeps.
+
+A check is a function ``(module) -> Iterable[VerifyError]``, registered under a
+kebab-case name with :func:`check`. ``verify(module)`` raises the first error
+found; ``collect_errors(module)`` returns all of them. Each error names the
+entity at fault and, when the module came from text, its line and column.
+
+The checks assume nothing the others establish: a module with dangling
+references or a cycle still gets every other check run over it without a crash.
+Every check is linear in the size of the module, except ``wgrad-after-dgrad``,
+which searches backwards from a wgrad task only when it has no direct edge to
+its dgrad.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from tessera_ir.errors import VerifyError
+from tessera_ir.kinds import (
+    COMM_OPS,
+    MIXER_OPS,
+    WEIGHTED_OPS,
+    FfnKind,
+    LayerRole,
+    MixerKind,
+    Phase,
+    Resource,
+    TaskOp,
+    resource_of,
+)
+from tessera_ir.model import Attrs, Layer, Module, PlanOp, SymbolRef, Task, Value
+
+CheckFn = Callable[[Module], Iterable[VerifyError]]
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    summary: str
+    run: CheckFn
+
+
+# Checks in the order they run; verify() reports the first failure of the first failing check.
+CHECKS: dict[str, Check] = {}
+
+
+def check(name: str, summary: str) -> Callable[[CheckFn], CheckFn]:
+    """Register a verifier check under ``name``."""
+
+    def register(fn: CheckFn) -> CheckFn:
+        if name in CHECKS:
+            raise ValueError(f"verifier check '{name}' is registered twice")
+        CHECKS[name] = Check(name, summary, fn)
+        return fn
+
+    return register
+
+
+def collect_errors(module: Module, checks: Iterable[str] | None = None) -> list[VerifyError]:
+    """Every error of the named checks (all checks when ``checks`` is None)."""
+    errors: list[VerifyError] = []
+    for c in _selected(checks):
+        errors.extend(c.run(module))
+    return errors
+
+
+def verify(module: Module, checks: Iterable[str] | None = None) -> None:
+    """Raise the first VerifyError of the named checks (all checks when ``checks`` is None)."""
+    for c in _selected(checks):
+        for error in c.run(module):
+            raise error
+
+
+def _selected(checks: Iterable[str] | None) -> list[Check]:
+    if checks is None:
+        return list(CHECKS.values())
+    selected = []
+    for name in checks:
+        if name not in CHECKS:
+            raise ValueError(f"unknown verifier check '{name}'; known checks: {', '.join(CHECKS)}")
+        selected.append(CHECKS[name])
+    return selected
+
+
+# ---------------------------------------------------------------------------
+# Helpers
+
+
+class _Reporter:
+    """Builds errors of one check, with positions from ``module.locations``."""
+
+    def __init__(self, check_name: str, module: Module):
+        self.check = check_name
+        self.module = module
+
+    def error(self, message: str, location_key: str | None = None) -> VerifyError:
+        line = column = None
+        if location_key is not None and location_key in self.module.locations:
+            line, column = self.module.locations[location_key]
+        elif "module" in self.module.locations:
+            line, column = self.module.locations["module"]
+        return VerifyError(self.check, message, line, column, self.module.source)
+
+    def task(self, task: Task, message: str) -> VerifyError:
+        return self.error(f"task '@{task.name}' {message}", f"task:{task.name}")
+
+    def layer(self, layer: Layer, message: str) -> VerifyError:
+        return self.error(f"layer '@{layer.name}' {message}", f"layer:{layer.name}")
+
+    def plan(self, op: PlanOp, message: str) -> VerifyError:
+        return self.error(f"plan {op.op} '@{op.name}' {message}", f"plan:{op.name}")
+
+
+def _kind(task: Task) -> str:
+    try:
+        return task.kind
+    except AttributeError:  # op or phase is not an enum member: reported by other checks
+        return f"{task.op}.{task.phase}"
+
+
+def _is(task_field: object, member: object) -> bool:
+    # Enum members compare equal to their strings (str-valued enums), so a task
+    # built with plain strings still reads correctly.
+    return task_field == member
+
+
+def _walk_values(value: Value) -> Iterator[Value]:
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        yield v
+        if isinstance(v, list):
+            stack.extend(v)
+
+
+def _all_attr_owners(module: Module) -> Iterator[tuple[str, str, Attrs]]:
+    """(description, location key, attrs) of every attribute dictionary in the module."""
+    yield "the module header", "module", module.attrs
+    for layer in module.layers:
+        yield f"layer '@{layer.name}'", f"layer:{layer.name}", layer.attrs
+        for task in layer.tasks:
+            yield f"task '@{task.name}'", f"task:{task.name}", task.attrs
+    for op in module.plan:
+        yield f"plan {op.op} '@{op.name}'", f"plan:{op.name}", op.attrs
+        for entry in op.entries:
+            yield f"entry '@{entry.ref}' of plan {op.op} '@{op.name}'", f"plan:{op.name}", entry.attrs
+
+
+# ---------------------------------------------------------------------------
+# Checks
+
+
+_KIND_WORDS = {"layer": "layer", "task": "task", "plan": "plan op"}
+
+
+@check("unique-names", "task, layer and plan op names are unique across the module")
+def _unique_names(module: Module) -> Iterator[VerifyError]:
+    r = _Reporter("unique-names", module)
+    # One namespace: a SymbolRef must name exactly one entity.
+    owner: dict[str, str] = {}
+    count: dict[str, int] = {}
+
+    def seen(kind: str, name: str) -> VerifyError | None:
+        key = f"{kind}:{name}"
+        count[key] = count.get(key, 0) + 1
+        where = key if count[key] == 1 else f"{key}#{count[key]}"
+        if name in owner:
+            return r.error(
+                f"{_KIND_WORDS[kind]} name '@{name}' is already used by a {_KIND_WORDS[owner[name]]}; rename one of them "
+                "so that every reference names exactly one entity",
+                where if where in module.locations else key,
+            )
+        owner[name] = kind
+        return None
+
+    for layer in module.layers:
+        err = seen("layer", layer.name)
+        if err:
+            yield err
+        for task in layer.tasks:
+            err = seen("task", task.name)
+            if err:
+                yield err
+    for op in module.plan:
+        err = seen("plan", op.name)
+        if err:
+            yield err
+
+
+@check("references-resolve", "task deps, @references in attributes and plan entries name existing entities")
+def _references_resolve(module: Module) -> Iterator[VerifyError]:
+    r = _Reporter("references-resolve", module)
+    task_names = {t.name for t in module.tasks()}
+    names = task_names | {layer.name for layer in module.layers} | {op.name for op in module.plan}
+    for task in module.tasks():
+        for dep in task.deps:
+            if dep not in task_names:
+                hint = "it names a layer or plan op, not a task" if dep in names else "no task has that name"
+                yield r.task(task, f"depends on '@{dep}', but {hint}")
+    for what, key, attrs in _all_attr_owners(module):
+        for attr_key, value in attrs.items():
+            for v in _walk_values(value):
+                if isinstance(v, SymbolRef) and v.name not in names:
+                    yield r.error(
+                        f"attribute '{attr_key}' of {what} refers to '@{v.name}', which is no task, layer or plan op",
+                        key,
+                    )
+    for op in module.plan:
+        for entry in op.entries:
+            if entry.ref not in names:
+                yield r.plan(op, f"has an entry for '@{entry.ref}', which is no task, layer or plan op")
+
+
+@check("acyclic-dependencies", "task dependencies form no cycle")
+def _acyclic(module: Module) -> Iterator[VerifyError]:
+    r = _Reporter("acyclic-dependencies", module)
+    tasks = module.task_map()
+    # Iterative depth-first search with colours; a grey successor closes a cycle.
+    white, grey, black = 0, 1, 2
+    colour = dict.fromkeys(tasks, white)
+    for root in tasks:
+        if colour[root] != white:
+            continue
+        path: list[str] = [root]
+        iters: list[Iterator[str]] = [iter(tasks[root].deps)]
+        colour[root] = grey
+        while iters:
+            dep = next(iters[-1], None)
+            if dep is None:
+                colour[path.pop()] = black
+                iters.pop()
+                continue
+            if dep not in colour:
+                continue  # dangling: references-resolve reports it
+            if colour[dep] == grey:
+                cycle = path[path.index(dep) :]
+                chain = " -> ".join(f"@{n}" for n in [*cycle, dep])
+                yield r.task(
+                    tasks[dep],
+                    f"is part of a dependency cycle: {chain} (each task depends on the next); "
+                    "remove one of these dependencies",
+                )
+                return
+            if colour[dep] == white:
+                colour[dep] = grey
+                path.append(dep)
+                iters.append(iter(tasks[dep].deps))
+
+
+@check("resource-matches-kind", "comm ops run on the comm stream, all others on compute")
+def _resource_matches(module: Module) -> Iterator[VerifyError]:
+    r = _Reporter("resource-matches-kind", module)
+    for task in module.tasks():
+        try:
+            expected = resource_of(TaskOp(task.op))
+        except ValueError:
+            yield r.task(task, f"has unknown operation '{task.op}'")
+            continue
+        if not _is(task.resource, expected):
+            got = task.resource.value if isinstance(task.resource, Resource) else task.resource
+            yield r.task(task, f"of kind {_kind(task)} runs on '{got}' but must run on '{expected.value}'")
+
+
+@check("phase-legal", "only ops that own weights have a wgrad task")
+def _phase_legal(module: Module) -> Iterator[VerifyError]:
+    r = _Reporter("phase-legal", module)
+    for task in module.tasks():
+        if not isinstance(task.phase, Phase):
+            yield r.task(task, f"has unknown phase '{task.phase}'")
+        elif _is(task.phase, Phase.WGRAD) and task.op not in WEIGHTED_OPS:
+            yield r.task(task, f"is a wgrad of '{_op(task.op)}', which owns no weights and so has no weight gradient")
+
+
+@check("movable-is-wgrad", "movable is true exactly for wgrad tasks")
+def _movable(module: Module) -> Iterator[VerifyError]:
+    r = _Reporter("movable-is-wgrad", module)
+    for task in module.tasks():
+        is_wgrad = _is(task.phase, Phase.WGRAD)
+        if task.movable is not is_wgrad:
+            if is_wgrad:
+                yield r.task(task, "is a wgrad task but not movable; weight-gradient tasks are movable = true")
+            else:
+                yield r.task(task, f"is movable but is a {_kind(task)} task; only wgrad tasks may be movable")
+
+
+@check("backward-mirrors-forward", "each layer's backward tasks mirror its forward tasks")
+def _mirrors(module: Module) -> Iterator[VerifyError]:
+    r = _Reporter("backward-mirrors-forward", module)
+    for layer in module.layers:
+        by_phase: dict[object, dict[object, Task]] = {Phase.FWD: {}, Phase.DGRAD: {}, Phase.WGRAD: {}}
+        for task in layer.tasks:
+            if task.phase in by_phase:
+                by_phase[task.phase].setdefault(task.op, task)
+        fwd, dgrad, wgrad = by_phase[Phase.FWD], by_phase[Phase.DGRAD], by_phase[Phase.WGRAD]
+        for op, task in fwd.items():
+            if op != TaskOp.EMBEDDING and op not in dgrad:
+                yield r.task(task, f"has no {_op(op)}.dgrad task in layer '@{layer.name}'")
+            if op in WEIGHTED_OPS and op not in wgrad:
+                yield r.task(task, f"has no {_op(op)}.wgrad task in layer '@{layer.name}', though {_op(op)} owns weights")
+        for phase_tasks in (dgrad, wgrad):
+            for op, task in phase_tasks.items():
+                if op not in fwd:
+                    yield r.task(task, f"has no forward task {_op(op)}.fwd in layer '@{layer.name}' to mirror")
+
+
+def _op(op: object) -> str:
+    return op.value if isinstance(op, TaskOp) else str(op)
+
+
+@check("wgrad-after-dgrad", "a wgrad task depends on the dgrad of its op in its layer")
+def _wgrad_after_dgrad(module: Module) -> Iterator[VerifyError]:
+    r = _Reporter("wgrad-after-dgrad", module)
+    tasks = module.task_map()
+
+    def reaches(start: Task, goal: Callable[[Task], bool]) -> bool:
+        # Direct dependencies first: that is how every generated module spells it.
+        for dep in start.deps:
+            t = tasks.get(dep)
+            if t is not None and goal(t):
+                return True
+        seen = {start.name}
+        stack = list(start.deps)
+        while stack:
+            name = stack.pop()
+            if name in seen or name not in tasks:
+                continue
+            seen.add(name)
+            t = tasks[name]
+            if goal(t):
+                return True
+            stack.extend(t.deps)
+        return False
+
+    for layer in module.layers:
+        dgrad_names = {t.op: t.name for t in layer.tasks if _is(t.phase, Phase.DGRAD)}
+        for task in layer.tasks:
+            if not _is(task.phase, Phase.WGRAD):
+                continue
+            if _is(task.op, TaskOp.EMBEDDING):
+                # The embedding has no dgrad of its own; its wgrad needs the gradient
+                # flowing back from the first decoder layer.
+                if not reaches(task, lambda t: _is(t.phase, Phase.DGRAD)):
+                    yield r.task(task, "depends on no dgrad task; the embedding's weight gradient needs one")
+                continue
+            target = dgrad_names.get(task.op)
+            if target is None:
+                continue  # backward-mirrors-forward reports the missing dgrad
+            if not reaches(task, _named(target)):
+                yield r.task(
+                    task,
+                    f"does not depend, directly or transitively, on '@{target}'; a weight gradient needs the "
+                    "data gradient of its op first",
+                )
+
+
+def _named(name: str) -> Callable[[Task], bool]:
+    return lambda t: t.name == name
+
+
+@check("forward-before-backward", "no forward task depends on a backward task")
+def _forward_before_backward(module: Module) -> Iterator[VerifyError]:
+    r = _Reporter("forward-before-backward", module)
+    tasks = module.task_map()
+    # A direct edge is enough: any fwd -> ... -> backward path has a direct fwd -> backward edge.
+    for task in module.tasks():
+        if not _is(task.phase, Phase.FWD):
+            continue
+        for dep in task.deps:
+            d = tasks.get(dep)
+            if d is not None and (_is(d.phase, Phase.DGRAD) or _is(d.phase, Phase.WGRAD)):
+                yield r.task(task, f"is a forward task but depends on the backward task '@{dep}' ({_kind(d)})")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# Attributes passes attach, with the rule each must satisfy when present.
+_PASS_ATTRS: dict[str, tuple[Callable[[Value], bool], str]] = {
+    "cost_us": (lambda v: _is_number(v) and v >= 0, "a non-negative number of microseconds"),  # type: ignore[operator]
+    "start": (lambda v: _is_number(v) and v >= 0, "a non-negative number"),  # type: ignore[operator]
+    "deadline": (lambda v: _is_number(v) and v >= 0, "a non-negative number"),  # type: ignore[operator]
+    "stream": (lambda v: v in ("compute", "comm"), 'either "compute" or "comm"'),
+}
+
+
+@check("attributes-legal", "core counts, shapes and well-known pass attributes have legal values")
+def _attributes_legal(module: Module) -> Iterator[VerifyError]:
+    r = _Reporter("attributes-legal", module)
+    for task in module.tasks():
+        for field_name in ("flops", "bytes", "param_bytes", "act_bytes"):
+            value = getattr(task, field_name)
+            if not _is_int(value) or value < 0:
+                yield r.task(task, f"has {field_name} = {value!r}; it must be a non-negative integer")
+        if task.op in COMM_OPS and task.flops != 0:
+            yield r.task(task, f"is a communication task with flops = {task.flops}; comm tasks compute nothing (flops = 0)")
+        shapes_ok = isinstance(task.shapes, list) and all(
+            isinstance(s, list) and all(_is_int(d) and d > 0 for d in s) for s in task.shapes
+        )
+        if not shapes_ok:
+            yield r.task(task, f"has shapes = {task.shapes!r}; shapes are lists of positive integers")
+        if not isinstance(task.movable, bool):
+            yield r.task(task, f"has movable = {task.movable!r}; it must be true or false")
+    for what, key, attrs in _all_attr_owners(module):
+        pass_attrs = key.startswith("task:") or what.startswith("entry ")
+        for attr_key, value in attrs.items():
+            for v in _walk_values(value):
+                if isinstance(v, float) and not math.isfinite(v):
+                    yield r.error(f"attribute '{attr_key}' of {what} is {v!r}; attribute floats must be finite", key)
+                    break
+            else:
+                if pass_attrs and attr_key in _PASS_ATTRS:
+                    legal, rule = _PASS_ATTRS[attr_key]
+                    if not legal(value):
+                        yield r.error(f"attribute '{attr_key}' of {what} is {value!r}; it must be {rule}", key)
+
+
+@check("layer-order", "embedding first, decoders numbered 0..N-1 in order, head last")
+def _layer_order(module: Module) -> Iterator[VerifyError]:
+    r = _Reporter("layer-order", module)
+    layers = module.layers
+    next_index = 0
+    for position, layer in enumerate(layers):
+        if _is(layer.role, LayerRole.EMBEDDING) and position != 0:
+            yield r.layer(layer, f"is an embedding layer at position {position}; the embedding layer must come first")
+        if _is(layer.role, LayerRole.HEAD) and position != len(layers) - 1:
+            yield r.layer(layer, f"is a head layer at position {position}; the head layer must come last")
+        if _is(layer.role, LayerRole.DECODER):
+            if layer.index != next_index:
+                yield r.layer(
+                    layer,
+                    f"has decoder index {layer.index}, expected {next_index}; decoder layers are numbered "
+                    "0, 1, 2, ... in order",
+                )
+            # Count by position, so one wrong index is one error, not one per later layer.
+            next_index += 1
+        elif layer.index is not None:
+            role = layer.role.value if isinstance(layer.role, LayerRole) else layer.role
+            yield r.layer(layer, f"is a {role} layer with index {layer.index}; only decoder layers have an index")
+
+
+_MOE_OPS = (TaskOp.ROUTER, TaskOp.DISPATCH, TaskOp.EXPERT_GEMM, TaskOp.COMBINE)
+_FFN_OPS = frozenset({*_MOE_OPS, TaskOp.SHARED_EXPERT, TaskOp.DENSE_MLP})
+_MIXER_TASK_OPS = frozenset(MIXER_OPS.values())
+
+
+@check("layer-kinds-match-tasks", "a layer's mixer and ffn kinds match the ops of its tasks")
+def _layer_kinds(module: Module) -> Iterator[VerifyError]:
+    r = _Reporter("layer-kinds-match-tasks", module)
+    for layer in module.layers:
+        ops = {t.op for t in layer.tasks}
+        mixer_op = MIXER_OPS.get(layer.mixer)  # type: ignore[call-overload]
+        mixer = layer.mixer.value if isinstance(layer.mixer, MixerKind) else layer.mixer
+        ffn = layer.ffn.value if isinstance(layer.ffn, FfnKind) else layer.ffn
+        if mixer_op is not None and mixer_op not in ops:
+            yield r.layer(layer, f"has mixer = {mixer} but no {mixer_op.value} task")
+        for op in sorted(str(_op(o)) for o in ops & _MIXER_TASK_OPS if o != mixer_op):
+            yield r.layer(layer, f"has mixer = {mixer} but holds {op} tasks")
+        if _is(layer.ffn, FfnKind.MOE):
+            missing = [op.value for op in _MOE_OPS if op not in ops]
+            if missing:
+                yield r.layer(layer, f"has ffn = moe but lacks {', '.join(missing)} tasks")
+            if TaskOp.DENSE_MLP in ops:
+                yield r.layer(layer, "has ffn = moe but holds a dense_mlp task")
+        elif _is(layer.ffn, FfnKind.DENSE):
+            if TaskOp.DENSE_MLP not in ops:
+                yield r.layer(layer, "has ffn = dense but no dense_mlp task")
+            moe = sorted(_op(o) for o in ops & (_FFN_OPS - {TaskOp.DENSE_MLP}))
+            if moe:
+                yield r.layer(layer, f"has ffn = dense but holds MoE tasks ({', '.join(moe)})")
+        else:
+            ffn_ops = sorted(_op(o) for o in ops & _FFN_OPS)
+            if ffn_ops:
+                yield r.layer(layer, f"has ffn = {ffn} but holds feed-forward tasks ({', '.join(ffn_ops)})")
+
+
+@check("plan-entries-unique", "no plan op lists a task twice")
+def _plan_entries_unique(module: Module) -> Iterator[VerifyError]:
+    r = _Reporter("plan-entries-unique", module)
+    for op in module.plan:
+        seen: set[str] = set()
+        for entry in op.entries:
+            if entry.ref in seen:
+                yield r.plan(op, f"lists '@{entry.ref}' more than once; each entity gets one entry per plan op")
+            seen.add(entry.ref)

@@ -1,0 +1,140 @@
+"""Bad input to the command-line tools: one clear message, non-zero exit, no output file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tessera.cli import compile_main, opt_main
+
+TINY = str(Path(__file__).resolve().parents[2] / "examples" / "tiny_qwen3_next.py")
+
+
+def run_compile(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = compile_main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_opt(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = opt_main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_clean_error(err: str, *fragments: str) -> None:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, f"expected exactly one error line, got:\n{err}"
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in lines[0], f"{fragment!r} not in {lines[0]!r}"
+
+
+def test_model_py_without_build_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model_py = tmp_path / "model.py"
+    model_py.write_text("import torch\nPARALLEL = {'pp': 1}\n")
+    out = tmp_path / "plan.tir"
+    code, _, err = run_compile(capsys, str(model_py), "-o", str(out))
+    assert code == 1
+    assert_one_clean_error(err, "build_model")
+    assert not out.exists()
+
+
+def test_missing_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "plan.tir"
+    code, _, err = run_compile(capsys, str(tmp_path / "nope" / "config.json"), "-o", str(out))
+    assert code == 1
+    assert_one_clean_error(err, "config.json")
+    assert not out.exists()
+
+
+def test_unknown_hf_model_type(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_compile(capsys, "hf:not_a_model_type", "-o", str(tmp_path / "x.tir"))
+    assert code == 1
+    assert_one_clean_error(err, "not_a_model_type")
+
+
+def test_ep_not_dividing_experts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "tiny.tir"
+    code, _, err = run_compile(capsys, TINY, "--ep", "3", "-o", str(out))
+    assert code == 1
+    assert_one_clean_error(err, "3")
+    assert "expert" in err.lower()
+    assert not out.exists()
+
+
+def test_pp_larger_than_layers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "tiny.tir"
+    code, _, err = run_compile(capsys, TINY, "--pp", "64", "--vpp", "1", "--microbatches", "64", "-o", str(out))
+    assert code == 1
+    assert_one_clean_error(err, "64")
+    assert not out.exists()
+
+
+def test_nonpositive_parallel_setting(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_compile(capsys, TINY, "--tp", "0", "-o", str(tmp_path / "x.tir"))
+    assert code == 1
+    assert_one_clean_error(err, "--tp")
+
+
+def test_unknown_pass_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "in.tir"
+    src.write_text("module @m {\n}\n")
+    out = tmp_path / "out.tir"
+    code, _, err = run_opt(capsys, str(src), "--passes=verify,no-such-pass", "-o", str(out))
+    assert code == 1
+    assert_one_clean_error(err, "no-such-pass", "known passes")
+    assert not out.exists()
+
+
+def test_malformed_ir_names_line_and_column(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "bad.tir"
+    src.write_text('module @m {\n  layer @l0 decoder 0 "x" mixer = nonsense ffn = moe {\n  }\n}\n')
+    out = tmp_path / "out.tir"
+    code, _, err = run_opt(capsys, str(src), "--passes=verify", "-o", str(out))
+    assert code == 1
+    assert_one_clean_error(err, f"{src}:2:")
+    assert not out.exists()
+
+
+def test_failed_compile_keeps_previous_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "plan.tir"
+    out.write_text("previous contents\n")
+    code, _, _ = run_compile(capsys, TINY, "--ep", "3", "-o", str(out))
+    assert code == 1
+    assert out.read_text() == "previous contents\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["plan.tir"]  # no temporary file left behind
+
+
+def test_debug_shows_traceback(tmp_path: Path) -> None:
+    from tessera_ir.errors import TesseraError
+
+    with pytest.raises(TesseraError):
+        compile_main([str(tmp_path / "missing.json"), "-o", str(tmp_path / "x.tir"), "--debug"])
+
+
+def test_compile_then_opt_roundtrip_is_identical(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tir = tmp_path / "tiny.tir"
+    summary = tmp_path / "summary.json"
+    code, _, err = run_compile(capsys, TINY, "--emit", "ir", "-o", str(tir), "--summary-json", str(summary), "--passes", "none")
+    assert code == 0, err
+    again = tmp_path / "again.tir"
+    code, _, err = run_opt(capsys, str(tir), "--passes=verify", "-o", str(again))
+    assert code == 0, err
+    assert again.read_bytes() == tir.read_bytes()
+    data = json.loads(summary.read_text())
+    assert set(data) == {"model", "parameters", "layers", "tasks"}
+    assert data["tasks"] == tir.read_text().count("\n    task @")
+
+
+def test_opt_dump_after_and_timing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tir = tmp_path / "tiny.tir"
+    assert run_compile(capsys, TINY, "-o", str(tir), "--passes", "none")[0] == 0
+    dumps = tmp_path / "dumps"
+    code, out, err = run_opt(capsys, str(tir), "--passes=verify", "--dump-after=all", "--dump-dir", str(dumps), "--timing")
+    assert code == 0, err
+    assert [p.name for p in dumps.iterdir()] == ["01-verify.tir"]
+    assert "pass verify" in err and "parse" in err
+    assert out == tir.read_text()
