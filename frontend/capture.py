@@ -1,0 +1,333 @@
+"""capture(): a model source in, a Tessera IR module (layers -> typed tasks) out.
+
+Task decomposition of decoder layer ``lI`` (names ``lI.{op}.{phase}``):
+
+- mixer M: ``M.fwd`` after the producing layer's output tasks (``embed.embedding.fwd`` for l0);
+- MoE: ``router.fwd`` (after M.fwd), ``dispatch.fwd`` (comm), ``expert_gemm.fwd``,
+  ``combine.fwd`` (comm) in a chain, and ``shared_expert.fwd`` after M.fwd;
+  the layer's outputs are combine.fwd and shared_expert.fwd;
+- dense: ``dense_mlp.fwd`` after M.fwd;
+- backward mirrors forward in reverse: ``combine.dgrad`` and ``shared_expert.dgrad``
+  after the next layer's input-gradient tasks (``head.lm_head.dgrad`` for the last
+  layer), then ``expert_gemm.dgrad``, ``dispatch.dgrad``, ``router.dgrad``, and
+  ``M.dgrad`` after router.dgrad and shared_expert.dgrad (or dense_mlp.dgrad);
+- ``X.wgrad`` after ``X.dgrad`` for every weighted op, movable.
+
+A layer without a mixer or an FFN omits those tasks; the chain stays connected.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from frontend import costs
+from frontend.errors import CaptureError, ParallelMismatchError
+from frontend.recognizers import Block
+from frontend.sources import load_source
+from frontend.trace import LayerTrace, capture_stack
+from tessera_ir.kinds import MIXER_OPS, WEIGHTED_OPS, FfnKind, LayerRole, MixerKind, Phase, TaskOp, resource_of
+from tessera_ir.model import Layer, Module, Task
+from tessera_ir.parallel import ParallelConfig
+
+
+@dataclass
+class _LayerWork:
+    mixer: MixerKind = MixerKind.NONE
+    ffn: FfnKind = FfnKind.NONE
+    ops: dict[TaskOp, costs.Work] = field(default_factory=dict)  # compute ops in forward order
+    comm_bytes: int = 0
+    comm_shapes: dict[TaskOp, list[list[int]]] = field(default_factory=dict)
+    mixers: list[str] = field(default_factory=list)
+    num_experts: int = 0
+    top_k: int = 0
+    params: int = 0
+
+
+def _mixer_work(block: Block, shape: list[int], p: ParallelConfig) -> costs.Work:
+    batch, seq = shape[0], shape[1]
+    tokens = batch * seq
+    work = costs.Work(gemms=costs.linear_gemms(tokens, block.linears, p.tp))
+    if block.kind in (MixerKind.ATTENTION, MixerKind.SLIDING_ATTENTION, MixerKind.MLA):
+        core = costs.attention_core(batch, seq, block.heads, block.head_dim_qk, block.head_dim_v, block.window, p.tp)
+        work = work.merge(core)
+    elif block.kind is MixerKind.LINEAR_ATTENTION:
+        work = work.merge(costs.delta_rule_core(batch, seq, block.v_heads, block.head_dim_qk, block.head_dim_v,
+                                                block.chunk, p.tp))
+        work = work.merge(costs.depthwise_conv_core(tokens, block.conv_channels, block.conv_kernel, p.tp))
+    elif block.kind is MixerKind.SSM:
+        work = work.merge(costs.selective_scan_core(tokens, block.d_inner, block.d_state, p.tp))
+        work = work.merge(costs.depthwise_conv_core(tokens, block.conv_channels, block.conv_kernel, p.tp))
+    work.weight_elements = -(-block.params // p.tp)
+    work.shapes = [list(shape), list(shape)]
+    return work
+
+
+def _layer_work(trace: LayerTrace, p: ParallelConfig) -> _LayerWork:
+    lw = _LayerWork(params=sum(q.numel() for q in trace.module.parameters()))
+    counted = 0
+    for call in trace.blocks:
+        block, shape = call.block, call.input_shape
+        tokens = shape[0] * shape[1]
+        hidden = shape[-1]
+        if block.role == "mixer":
+            assert isinstance(block.kind, MixerKind)
+            work = _mixer_work(block, shape, p)
+            if lw.mixer is MixerKind.NONE:
+                lw.mixer = block.kind
+                lw.ops[MIXER_OPS[block.kind]] = work
+            else:
+                # A parallel hybrid (attention beside an SSM in one layer): one mixer task does both.
+                op = MIXER_OPS[lw.mixer]
+                lw.ops[op] = lw.ops[op].merge(work)
+            lw.mixers.append(block.kind.value)
+        elif block.role == "ffn" and lw.ffn is not FfnKind.NONE:
+            raise CaptureError(f"'{trace.path}' has a second FFN block '{block.path}'; Tessera layers hold one FFN")
+        elif block.kind is FfnKind.MOE:
+            if block.top_k <= 0:
+                raise CaptureError(
+                    f"MoE block '{block.path}' routes to {block.num_experts} experts but sets no top-k (no top_k or "
+                    f"num_experts_per_tok on the block, its router or the config); set num_experts_per_tok")
+            lw.ffn = FfnKind.MOE
+            lw.num_experts, lw.top_k = block.num_experts, block.top_k
+            t_r = costs.moe_tokens_per_rank(tokens, p.tp)
+            routed = t_r * block.top_k
+            lw.ops[TaskOp.ROUTER] = costs.Work(gemms=[costs.Gemm(t_r, block.num_experts, block.hidden)],
+                                               weight_elements=block.router_params,
+                                               shapes=[[t_r, hidden], [t_r, block.num_experts]])
+            experts = costs.expert_work(t_r, block.top_k, block.expert_matrices, block.expert_params,
+                                        block.num_experts, p.ep)
+            experts.shapes = [[routed, hidden], [routed, hidden]]
+            lw.ops[TaskOp.EXPERT_GEMM] = experts
+            if block.shared_params:
+                lw.ops[TaskOp.SHARED_EXPERT] = costs.Work(
+                    gemms=costs.linear_gemms(tokens, block.shared_linears, p.tp),
+                    weight_elements=-(-block.shared_params // p.tp), shapes=[list(shape), list(shape)])
+            lw.comm_bytes = costs.all_to_all_bytes(t_r, hidden, block.top_k, p.dtype_bytes, p.ep)
+            lw.comm_shapes = {TaskOp.DISPATCH: [[t_r, hidden], [routed, hidden]],
+                              TaskOp.COMBINE: [[routed, hidden], [t_r, hidden]]}
+        elif block.kind is FfnKind.DENSE:
+            lw.ffn = FfnKind.DENSE
+            lw.ops[TaskOp.DENSE_MLP] = costs.Work(gemms=costs.linear_gemms(tokens, block.linears, p.tp),
+                                                  weight_elements=-(-block.params // p.tp),
+                                                  shapes=[list(shape), list(shape)])
+        counted += block.params
+    # Norms and other small per-layer weights ride with the layer's first task.
+    rest = lw.params - counted
+    if rest and lw.ops:
+        first = next(iter(lw.ops.values()))
+        first.weight_elements += rest
+    return lw
+
+
+def _task(name: str, op: TaskOp, phase: Phase, deps: list[str], **kw: Any) -> Task:
+    return Task(name=name, op=op, phase=phase, resource=resource_of(op), deps=list(deps),
+                movable=phase is Phase.WGRAD, **kw)
+
+
+def _compute(name: str, op: TaskOp, phase: Phase, deps: list[str], work: costs.Work, d: int) -> Task:
+    if phase is Phase.FWD:
+        return _task(name, op, phase, deps, flops=work.fwd_flops, bytes=work.fwd_bytes(d),
+                     param_bytes=work.weight_elements * d, act_bytes=work.act_bytes(d), shapes=work.shapes)
+    if phase is Phase.DGRAD:
+        return _task(name, op, phase, deps, flops=work.dgrad_flops, bytes=work.dgrad_bytes(d), shapes=work.shapes)
+    return _task(name, op, phase, deps, flops=work.wgrad_flops, bytes=work.wgrad_bytes(d), shapes=work.shapes)
+
+
+class _Emitter:
+    def __init__(self, p: ParallelConfig):
+        self.p = p
+        self.d = p.dtype_bytes
+
+    def forward(self, layer: Layer, lw: _LayerWork, inputs: list[str]) -> list[str]:
+        """Append forward tasks; return the layer's output tasks."""
+        n = layer.name
+        after_mixer = inputs
+        if lw.mixer is not MixerKind.NONE:
+            op = MIXER_OPS[lw.mixer]
+            layer.tasks.append(_compute(f"{n}.{op.value}.fwd", op, Phase.FWD, inputs, lw.ops[op], self.d))
+            after_mixer = [f"{n}.{op.value}.fwd"]
+        if lw.ffn is FfnKind.MOE:
+            chain = [TaskOp.ROUTER, TaskOp.DISPATCH, TaskOp.EXPERT_GEMM, TaskOp.COMBINE]
+            deps = after_mixer
+            for op in chain:
+                name = f"{n}.{op.value}.fwd"
+                if op in lw.ops:
+                    layer.tasks.append(_compute(name, op, Phase.FWD, deps, lw.ops[op], self.d))
+                else:
+                    layer.tasks.append(_task(name, op, Phase.FWD, deps, bytes=lw.comm_bytes,
+                                             shapes=lw.comm_shapes[op]))
+                deps = [name]
+            outputs = [f"{n}.combine.fwd"]
+            if TaskOp.SHARED_EXPERT in lw.ops:
+                name = f"{n}.shared_expert.fwd"
+                layer.tasks.append(_compute(name, TaskOp.SHARED_EXPERT, Phase.FWD, after_mixer,
+                                            lw.ops[TaskOp.SHARED_EXPERT], self.d))
+                outputs.append(name)
+            return outputs
+        if lw.ffn is FfnKind.DENSE:
+            name = f"{n}.dense_mlp.fwd"
+            layer.tasks.append(_compute(name, TaskOp.DENSE_MLP, Phase.FWD, after_mixer, lw.ops[TaskOp.DENSE_MLP],
+                                        self.d))
+            return [name]
+        return after_mixer
+
+    def _grad(self, layer: Layer, op: TaskOp, work: costs.Work, deps: list[str]) -> str:
+        name = f"{layer.name}.{op.value}.dgrad"
+        layer.tasks.append(_compute(name, op, Phase.DGRAD, deps, work, self.d))
+        if op in WEIGHTED_OPS:
+            layer.tasks.append(_compute(f"{layer.name}.{op.value}.wgrad", op, Phase.WGRAD, [name], work, self.d))
+        return name
+
+    def backward(self, layer: Layer, lw: _LayerWork, grad_in: list[str]) -> list[str]:
+        """Append backward tasks; return the tasks that produce the gradient of the layer's input."""
+        n = layer.name
+        before_mixer = grad_in
+        if lw.ffn is FfnKind.MOE:
+            combine = f"{n}.combine.dgrad"
+            layer.tasks.append(_task(combine, TaskOp.COMBINE, Phase.DGRAD, grad_in, bytes=lw.comm_bytes,
+                                     shapes=lw.comm_shapes[TaskOp.COMBINE]))
+            shared = []
+            if TaskOp.SHARED_EXPERT in lw.ops:
+                shared = [self._grad(layer, TaskOp.SHARED_EXPERT, lw.ops[TaskOp.SHARED_EXPERT], grad_in)]
+            experts = self._grad(layer, TaskOp.EXPERT_GEMM, lw.ops[TaskOp.EXPERT_GEMM], [combine])
+            dispatch = f"{n}.dispatch.dgrad"
+            layer.tasks.append(_task(dispatch, TaskOp.DISPATCH, Phase.DGRAD, [experts], bytes=lw.comm_bytes,
+                                     shapes=lw.comm_shapes[TaskOp.DISPATCH]))
+            router = self._grad(layer, TaskOp.ROUTER, lw.ops[TaskOp.ROUTER], [dispatch])
+            before_mixer = [router] + shared
+        elif lw.ffn is FfnKind.DENSE:
+            before_mixer = [self._grad(layer, TaskOp.DENSE_MLP, lw.ops[TaskOp.DENSE_MLP], grad_in)]
+        if lw.mixer is not MixerKind.NONE:
+            op = MIXER_OPS[lw.mixer]
+            return [self._grad(layer, op, lw.ops[op], before_mixer)]
+        return before_mixer
+
+
+def _symbol(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]", "_", name) or "model"
+
+
+def _validate(p: ParallelConfig, traces: list[LayerTrace]) -> None:
+    n = len(traces)
+    if p.virtual_stages > n:
+        raise ParallelMismatchError(
+            f"--pp {p.pp} x --vpp {p.vpp} = {p.virtual_stages} virtual stages but the model has only {n} decoder "
+            f"layers; lower --pp or --vpp so that pp*vpp <= {n}")
+    for trace in traces:
+        for call in trace.blocks:
+            block = call.block
+            if block.kind is FfnKind.MOE and block.num_experts % p.ep:
+                raise ParallelMismatchError(
+                    f"--ep {p.ep} does not divide the {block.num_experts} experts of '{block.path}'; choose an --ep "
+                    f"that divides {block.num_experts}")
+            for what, heads in (("attention heads", block.heads), ("key heads", block.k_heads),
+                                ("key/value heads", block.kv_heads)):
+                if block.role == "mixer" and heads and heads % p.tp:
+                    raise ParallelMismatchError(
+                        f"--tp {p.tp} does not divide the {heads} {what} of '{block.path}'; choose a --tp that "
+                        f"divides {heads}")
+
+
+def _parallel(settings: dict[str, Any], parallel: ParallelConfig | None, overrides: dict[str, Any] | None,
+              where: str) -> ParallelConfig:
+    known = set(ParallelConfig().to_attrs())
+    unknown = sorted(set(settings) - known) + sorted(set(overrides or {}) - known)
+    if unknown:
+        raise ParallelMismatchError(f"{where}: unknown parallel setting(s) {', '.join(unknown)}; "
+                                    f"use {', '.join(sorted(known))}")
+    base = parallel if parallel is not None else ParallelConfig().replace(**settings)
+    return base.replace(**(overrides or {}))
+
+
+def capture(source: str | nn.Module, parallel: ParallelConfig | None = None, overrides: dict | None = None,
+            name: str | None = None) -> Module:
+    """Capture ``source`` into a Tessera IR module.
+
+    Parallel settings, lowest precedence first: ParallelConfig defaults, the
+    suggested settings of a matching shipped workload, ``PARALLEL`` in a
+    model.py, then ``overrides`` (None values ignored). An explicit
+    ``parallel`` replaces the first three.
+    """
+    loaded = load_source(source)
+    p = _parallel(loaded.parallel, parallel, overrides, loaded.name)
+    stack = capture_stack(loaded.model, p.micro_batch_size, p.seq_len, loaded.config)
+    _validate(p, stack.layers)
+    works = [_layer_work(t, p) for t in stack.layers]
+
+    d = p.dtype_bytes
+    tokens = p.tokens
+    hidden = stack.layers[0].input_shape[-1]
+    embed_module = stack.embed
+    vocab = getattr(embed_module, "num_embeddings", None) or embed_module.weight.shape[0]
+    embed_params = sum(q.numel() for q in embed_module.parameters())
+
+    module = Module(_symbol(name or loaded.name))
+    model_params = sum(q.numel() for q in loaded.model.parameters())
+    attrs: dict[str, Any] = {"model": name or loaded.name, "parameters": model_params, "hidden_size": hidden}
+    attrs.update(p.to_attrs())
+    moe = [w for w in works if w.ffn is FfnKind.MOE]
+    if moe:
+        attrs["num_experts"] = max(w.num_experts for w in moe)
+        attrs["top_k"] = max(w.top_k for w in moe)
+    module.attrs = attrs
+
+    embed = Layer("embed", LayerRole.EMBEDDING, stack.embed_path)
+    e_work = costs.embedding_work(tokens, hidden)
+    embed.tasks.append(_task("embed.embedding.fwd", TaskOp.EMBEDDING, Phase.FWD, [], flops=0,
+                             bytes=e_work.fwd_bytes(d), param_bytes=-(-embed_params // p.tp) * d,
+                             shapes=[[p.micro_batch_size, p.seq_len], [p.micro_batch_size, p.seq_len, hidden]]))
+    module.layers.append(embed)
+
+    emitter = _Emitter(p)
+    outputs: dict[str, list[str]] = {"embed": ["embed.embedding.fwd"]}
+    decoder: list[Layer] = []
+    for trace, lw in zip(stack.layers, works):
+        layer = Layer(f"l{trace.index}", LayerRole.DECODER, trace.path, lw.mixer, lw.ffn, trace.index,
+                      attrs={"parameters": lw.params})
+        if len(lw.mixers) > 1:
+            layer.attrs["mixers"] = list(lw.mixers)  # type: ignore[assignment]
+        outputs[layer.name] = emitter.forward(layer, lw, outputs[trace.producer])
+        decoder.append(layer)
+    module.layers.extend(decoder)
+
+    head_path, head_params = _head(loaded.model, stack, vocab)
+    head = Layer("head", LayerRole.HEAD, head_path)
+    h_work = costs.head_work(tokens, hidden, vocab, p.tp)
+    h_work.weight_elements = -(-head_params // p.tp)
+    h_work.shapes = [[p.micro_batch_size, p.seq_len, hidden], [p.micro_batch_size, p.seq_len, vocab]]
+    last = decoder[-1].name if decoder else "embed"
+    head.tasks.append(_compute("head.lm_head.fwd", TaskOp.LM_HEAD, Phase.FWD, outputs[last], h_work, d))
+    head.tasks.append(_compute("head.lm_head.dgrad", TaskOp.LM_HEAD, Phase.DGRAD, ["head.lm_head.fwd"], h_work, d))
+    head.tasks.append(_compute("head.lm_head.wgrad", TaskOp.LM_HEAD, Phase.WGRAD, ["head.lm_head.dgrad"], h_work, d))
+
+    # Backward, last layer first: each layer's output gradient comes from its consumer's input gradient.
+    grad_of: dict[str, list[str]] = {last: ["head.lm_head.dgrad"]} if decoder else {}
+    consumers = {t.producer: f"l{t.index}" for t in stack.layers}
+    input_grads: dict[str, list[str]] = {}
+    for layer, lw in reversed(list(zip(decoder, works))):
+        grad_in = input_grads[consumers[layer.name]] if layer.name in consumers else grad_of[layer.name]
+        input_grads[layer.name] = emitter.backward(layer, lw, grad_in)
+    first_grad = input_grads[consumers["embed"]] if decoder else ["head.lm_head.dgrad"]
+    embed.tasks.append(_task("embed.embedding.wgrad", TaskOp.EMBEDDING, Phase.WGRAD, first_grad,
+                             flops=tokens * hidden, bytes=e_work.fwd_bytes(d),
+                             shapes=embed.tasks[0].shapes))
+    module.layers.append(head)
+    return module
+
+
+def _head(model: nn.Module, stack: Any, vocab: int) -> tuple[str, int]:
+    """The output projection's path and the head's weights (final norm + projection)."""
+    norm_params = sum(q.numel() for q in stack.norm.parameters()) if stack.norm is not None else 0
+    get_out = getattr(model, "get_output_embeddings", None)
+    projection = get_out() if callable(get_out) else None
+    if projection is None:
+        candidates = [m for m in model.modules() if isinstance(m, nn.Linear) and m.out_features == vocab]
+        projection = candidates[-1] if candidates else None
+    if projection is None:
+        return stack.norm_path or "", norm_params
+    path = next((n for n, m in model.named_modules() if m is projection), "")
+    return path, norm_params + sum(q.numel() for q in projection.parameters())

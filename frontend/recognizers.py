@@ -1,0 +1,338 @@
+"""The one registry that says what a module *is*, from its structure.
+
+A recogniser looks at a module's children and parameters (not at its class
+name) and returns a ``Block`` describing it, or ``None``. The tracer keeps every
+recognised block as a leaf of the traced graph, and the cost model reads the
+block's numbers. A new model family built from known pieces needs nothing
+here; a genuinely new piece needs one recogniser::
+
+    from frontend.recognizers import Block, register_recognizer
+
+    def my_mixer(module, ctx):
+        if not hasattr(module, "my_special_state"):
+            return None
+        return Block("mixer", MixerKind.ATTENTION, ctx.path, module, params=..., ...)
+
+    register_recognizer(my_mixer, first=True)
+
+Recognisers run in registration order; the first that returns a block wins.
+Mixers come first (MLA and the recurrent mixers before plain attention, whose
+q/k/v test they would also pass), then MoE before dense (a MoE block contains
+dense-looking shared experts), then norms and weightless glue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from tessera_ir.kinds import FfnKind, MixerKind
+
+
+@dataclass
+class RecognizeContext:
+    path: str  # module path in the model, e.g. "model.layers.3.mlp"
+    config: Any = None  # the model's HF config when there is one, for fallbacks
+
+
+@dataclass
+class Block:
+    """A recognised piece of a decoder layer.
+
+    ``role`` is ``mixer``, ``ffn``, ``norm`` (small per-layer weights folded into
+    the layer's first task) or ``glue`` (no weights: activations, dropout,
+    rotary tables). ``linears`` lists the block's own projections as
+    (in_features, out_features) pairs; MoE experts are described separately.
+    """
+
+    role: str
+    kind: MixerKind | FfnKind | None
+    path: str
+    module: nn.Module
+    params: int = 0
+    linears: list[tuple[int, int]] = field(default_factory=list)
+    # attention / mla
+    heads: int = 0
+    kv_heads: int = 0
+    head_dim_qk: int = 0
+    head_dim_v: int = 0
+    window: int | None = None
+    # linear attention (gated delta rule) and ssm
+    k_heads: int = 0
+    v_heads: int = 0
+    chunk: int = 64
+    conv_channels: int = 0
+    conv_kernel: int = 0
+    d_inner: int = 0
+    d_state: int = 0
+    # moe
+    num_experts: int = 0
+    top_k: int = 0
+    hidden: int = 0
+    router_params: int = 0
+    expert_matrices: list[tuple[int, int]] = field(default_factory=list)  # per expert, (rows, cols) of each weight
+    expert_params: int = 0  # all expert parameters (all experts, biases included)
+    shared_linears: list[tuple[int, int]] = field(default_factory=list)
+    shared_params: int = 0
+
+
+Recognizer = Callable[[nn.Module, RecognizeContext], "Block | None"]
+_REGISTRY: list[tuple[str, Recognizer]] = []
+
+
+def register_recognizer(fn: Recognizer, name: str | None = None, first: bool = False) -> Recognizer:
+    """Add a recogniser; ``first=True`` lets it override the built-in ones."""
+    entry = (name or fn.__name__, fn)
+    if first:
+        _REGISTRY.insert(0, entry)
+    else:
+        _REGISTRY.append(entry)
+    return fn
+
+
+def unregister_recognizer(fn: Recognizer) -> None:
+    """Remove a recogniser added with register_recognizer."""
+    _REGISTRY[:] = [(name, f) for name, f in _REGISTRY if f is not fn]
+
+
+def recognizers() -> list[str]:
+    return [name for name, _ in _REGISTRY]
+
+
+def recognize(module: nn.Module, ctx: RecognizeContext) -> Block | None:
+    for _, fn in _REGISTRY:
+        block = fn(module, ctx)
+        if block is not None:
+            return block
+    return None
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _numel(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def _linears(module: nn.Module) -> list[tuple[int, int]]:
+    return [(m.in_features, m.out_features) for m in module.modules() if isinstance(m, nn.Linear)]
+
+
+def _child_linear(module: nn.Module, *names: str) -> nn.Linear | None:
+    for name in names:
+        child = getattr(module, name, None) if name in module._modules else None
+        if isinstance(child, nn.Linear):
+            return child
+    return None
+
+
+def _attr(objs: list[Any], *names: str) -> Any:
+    """The first of ``names`` set (not None) on any of ``objs``, in order."""
+    for obj in objs:
+        if obj is None:
+            continue
+        for name in names:
+            value = getattr(obj, name, None)
+            if value is not None and not isinstance(value, (nn.Module, torch.Tensor)):
+                return value
+    return None
+
+
+def _config_of(module: nn.Module, ctx: RecognizeContext) -> Any:
+    return getattr(module, "config", None) or ctx.config
+
+
+def _conv1d(module: nn.Module) -> nn.Conv1d | None:
+    for child in module.children():
+        if isinstance(child, nn.Conv1d):
+            return child
+    return None
+
+
+_UP_NAMES = ("gate_proj", "up_proj", "gate_up_proj", "fc1", "w1", "w3", "c_fc", "wi", "dense_h_to_4h")
+_DOWN_NAMES = ("down_proj", "fc2", "w2", "c_proj", "wo", "dense_4h_to_h")
+
+
+def _is_mlp(module: nn.Module) -> bool:
+    return _child_linear(module, *_UP_NAMES) is not None and _child_linear(module, *_DOWN_NAMES) is not None
+
+
+# ---------------------------------------------------------------- built-in recognisers
+
+
+def moe(module: nn.Module, ctx: RecognizeContext) -> Block | None:
+    """A router of shape [num_experts, hidden] beside an experts container.
+
+    The container holds either fused 3-D weights [num_experts, a, b] or a
+    ModuleList of num_experts MLPs. Every other weighted child is part of the
+    shared expert (including a sigmoid gate on it).
+    """
+    experts_name, experts, num_experts = None, None, 0
+    for name, child in module.named_children():
+        if isinstance(child, nn.modules.conv._ConvNd):
+            continue  # a conv kernel is 3-D too, but holds no experts
+        fused = [p for p in child.parameters(recurse=False) if p.dim() == 3 and p.shape[1] > 1 and p.shape[2] > 1]
+        if fused and len({p.shape[0] for p in fused}) == 1:
+            experts_name, experts, num_experts = name, child, int(fused[0].shape[0])
+            break
+        if isinstance(child, nn.ModuleList) and len(child) >= 2 and all(_is_mlp(e) for e in child):
+            experts_name, experts, num_experts = name, child, len(child)
+            break
+    if experts is None:
+        return None
+    router_name, router_weight = None, None
+    for name, child in module.named_children():
+        weight = getattr(child, "weight", None)
+        if name != experts_name and isinstance(weight, torch.Tensor) and weight.dim() == 2 and weight.shape[0] == num_experts:
+            router_name, router_weight = name, weight
+            break
+    if router_weight is None:
+        for name, param in module.named_parameters(recurse=False):
+            if param.dim() == 2 and param.shape[0] == num_experts:
+                router_name, router_weight = name, param
+                break
+    if router_weight is None:
+        return None
+    hidden = int(router_weight.shape[1])
+    if isinstance(experts, nn.ModuleList):
+        matrices = [(lin.out_features, lin.in_features) for lin in experts[0].modules() if isinstance(lin, nn.Linear)]
+    else:
+        matrices = [(int(p.shape[1]), int(p.shape[2])) for p in experts.parameters(recurse=False) if p.dim() == 3]
+    if not any(hidden in m for m in matrices):
+        return None  # the "router" does not read the experts' input: not a router
+    router = module._modules.get(router_name) if router_name in module._modules else None
+    config = _config_of(module, ctx)
+    top_k = _attr([module, router, experts, config], "top_k", "num_experts_per_tok", "topk", "moe_topk")
+    # A block with a router and experts is MoE even when its top-k is unset (some default
+    # configs leave it None); capture reports that with a fix instead of failing to recognise it.
+    top_k = int(top_k or 0)
+    shared = [c for n, c in module.named_children() if n not in (experts_name, router_name)]
+    router_params = router_weight.numel() + (_numel(router) - router_weight.numel() if router is not None else 0)
+    return Block(
+        "ffn",
+        FfnKind.MOE,
+        ctx.path,
+        module,
+        params=_numel(module),
+        num_experts=num_experts,
+        top_k=top_k,
+        hidden=hidden,
+        router_params=router_params,
+        expert_matrices=matrices,
+        expert_params=_numel(experts),
+        shared_linears=[lin for c in shared for lin in _linears(c)],
+        shared_params=sum(_numel(c) for c in shared),
+    )
+
+
+def mla(module: nn.Module, ctx: RecognizeContext) -> Block | None:
+    """Multi-head latent attention: a low-rank KV down-projection (kv_a_proj*) and its up-projection."""
+    names = list(module._modules)
+    if not any(n.startswith("kv_a_proj") for n in names) or "kv_b_proj" not in names:
+        return None
+    config = _config_of(module, ctx)
+    heads = _attr([module, config], "num_heads", "num_attention_heads")
+    qk = _attr([module, config], "qk_head_dim")
+    if qk is None:
+        qk = (_attr([module, config], "qk_nope_head_dim") or 0) + (_attr([module, config], "qk_rope_head_dim") or 0)
+    v = _attr([module, config], "v_head_dim")
+    return Block("mixer", MixerKind.MLA, ctx.path, module, params=_numel(module), linears=_linears(module),
+                 heads=int(heads), kv_heads=int(heads), head_dim_qk=int(qk), head_dim_v=int(v))
+
+
+def linear_attention(module: nn.Module, ctx: RecognizeContext) -> Block | None:
+    """Gated DeltaNet style: recurrent decay (A_log), short conv, fused q/k/v(/z) input projection."""
+    conv = _conv1d(module)
+    if conv is None or not hasattr(module, "A_log"):
+        return None
+    fused_qkv = [n for n in module._modules if n.startswith("in_proj_") and {"q", "k", "v"} <= set(n[len("in_proj_"):])]
+    if not fused_qkv:
+        return None
+    config = _config_of(module, ctx)
+    v_heads = _attr([module, config], "num_v_heads", "linear_num_value_heads")
+    k_heads = _attr([module, config], "num_k_heads", "linear_num_key_heads") or v_heads
+    dk = _attr([module, config], "head_k_dim", "linear_key_head_dim")
+    dv = _attr([module, config], "head_v_dim", "linear_value_head_dim")
+    chunk = _attr([module], "chunk_size") or 64
+    return Block("mixer", MixerKind.LINEAR_ATTENTION, ctx.path, module, params=_numel(module), linears=_linears(module),
+                 heads=int(v_heads), k_heads=int(k_heads), v_heads=int(v_heads), head_dim_qk=int(dk),
+                 head_dim_v=int(dv), chunk=int(chunk), conv_channels=conv.out_channels,
+                 conv_kernel=int(conv.kernel_size[0]))
+
+
+def ssm(module: nn.Module, ctx: RecognizeContext) -> Block | None:
+    """Mamba style selective scan: A_log, a short conv, an input projection and a time-step (dt) path."""
+    conv = _conv1d(module)
+    a_log = getattr(module, "A_log", None)
+    if conv is None or not isinstance(a_log, torch.Tensor) or "in_proj" not in module._modules:
+        return None
+    if "dt_proj" not in module._modules and not hasattr(module, "dt_bias"):
+        return None
+    d_inner = _attr([module], "intermediate_size", "d_inner") or int(a_log.shape[0])
+    d_state = _attr([module], "ssm_state_size", "d_state") or (int(a_log.shape[-1]) if a_log.dim() == 2 else 1)
+    heads = _attr([module], "num_heads") or 0  # Mamba-1 has no heads: TP splits channels instead
+    return Block("mixer", MixerKind.SSM, ctx.path, module, params=_numel(module), linears=_linears(module),
+                 heads=int(heads), d_inner=int(d_inner), d_state=int(d_state), conv_channels=conv.out_channels,
+                 conv_kernel=int(conv.kernel_size[0]))
+
+
+def attention(module: nn.Module, ctx: RecognizeContext) -> Block | None:
+    """Softmax attention: q/k/v projections (separate or fused) and an output projection.
+
+    A ``sliding_window`` set on the module (or, when the module has no such
+    attribute, on the config) makes it sliding-window attention.
+    """
+    q = _child_linear(module, "q_proj", "query", "wq")
+    kv = _child_linear(module, "k_proj", "key", "wk") and _child_linear(module, "v_proj", "value", "wv")
+    fused = _child_linear(module, "qkv_proj", "c_attn", "Wqkv", "query_key_value")
+    out = _child_linear(module, "o_proj", "out_proj", "dense", "wo", "c_proj")
+    if out is None or not ((q is not None and kv) or fused is not None):
+        return None
+    config = _config_of(module, ctx)
+    head_dim = _attr([module, config], "head_dim")
+    heads = _attr([module, config], "num_heads", "num_attention_heads", "n_head")
+    if heads is None and head_dim:
+        heads = out.in_features // head_dim
+    if head_dim is None:
+        head_dim = out.in_features // heads
+    kv_heads = _attr([module, config], "num_key_value_heads", "num_kv_heads") or heads
+    if hasattr(module, "sliding_window"):
+        window = module.sliding_window  # set per layer: None on the full-attention layers of a mixed stack
+    elif config is not None and getattr(config, "use_sliding_window", True) is not False:
+        window = getattr(config, "sliding_window", None)  # one window for every layer (Mistral style)
+    else:
+        window = None
+    window = int(window) if isinstance(window, int) and not isinstance(window, bool) and window > 0 else None
+    kind = MixerKind.SLIDING_ATTENTION if window else MixerKind.ATTENTION
+    return Block("mixer", kind, ctx.path, module, params=_numel(module), linears=_linears(module), heads=int(heads),
+                 kv_heads=int(kv_heads), head_dim_qk=int(head_dim), head_dim_v=int(head_dim), window=window)
+
+
+def dense(module: nn.Module, ctx: RecognizeContext) -> Block | None:
+    """A gated or plain MLP: an up (and/or gate) projection and a down projection."""
+    if not _is_mlp(module):
+        return None
+    return Block("ffn", FfnKind.DENSE, ctx.path, module, params=_numel(module), linears=_linears(module))
+
+
+def norm(module: nn.Module, ctx: RecognizeContext) -> Block | None:
+    """Normalisation: a childless module whose weights are all vectors."""
+    params = list(module.parameters())
+    if next(module.children(), None) is not None or not params or any(p.dim() > 1 for p in params):
+        return None
+    return Block("norm", None, ctx.path, module, params=_numel(module))
+
+
+def glue(module: nn.Module, ctx: RecognizeContext) -> Block | None:
+    """Weightless modules (activations, dropout, rotary tables): no task of their own."""
+    if next(module.parameters(), None) is not None:
+        return None
+    return Block("glue", None, ctx.path, module)
+
+
+for _fn in (mla, linear_attention, ssm, attention, moe, dense, norm, glue):
+    register_recognizer(_fn)

@@ -1,0 +1,139 @@
+"""Turn a model source into an nn.Module on the meta device, a name, and parallel defaults.
+
+Sources: ``hf:<model_type>`` (transformers' default config for that type),
+a path to an HF ``config.json`` (or a folder holding one), a path to a
+``model.py`` defining ``build_model()`` (and optionally ``PARALLEL`` and
+``NAME``), or an ``nn.Module``.
+
+The shipped reference workloads (``frontend/workloads``) carry suggested
+parallel settings: an HF config with the same model type, layer count and
+hidden size as one of them starts from those settings.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from frontend.errors import ConfigFileError, MissingBuildModelError, SourceError, UnknownModelTypeError
+
+WORKLOADS_DIR = Path(__file__).resolve().parent / "workloads"
+_KNOWN_EXAMPLES = ["qwen3_next", "qwen3_moe", "deepseek_v3", "mixtral", "gpt_oss", "olmoe", "qwen2_moe", "jamba"]
+
+
+@dataclass
+class LoadedSource:
+    model: nn.Module
+    name: str
+    config: Any = None  # the HF config, when the source had one
+    parallel: dict[str, Any] = field(default_factory=dict)  # parallel settings from the source
+
+
+def workload_configs() -> dict[str, dict[str, Any]]:
+    """The shipped reference configs by workload name (file stem)."""
+    return {p.stem: json.loads(p.read_text()) for p in sorted(WORKLOADS_DIR.glob("*.json")) if p.stem != "parallel"}
+
+
+def suggested_parallel(config: Any) -> dict[str, Any]:
+    """Suggested parallel settings of the shipped workload this HF config matches, or {}."""
+    table = json.loads((WORKLOADS_DIR / "parallel.json").read_text())
+    key = (getattr(config, "model_type", None), getattr(config, "num_hidden_layers", None),
+           getattr(config, "hidden_size", None))
+    for name, ref in workload_configs().items():
+        if (ref.get("model_type"), ref.get("num_hidden_layers"), ref.get("hidden_size")) == key and name in table:
+            return dict(table[name]["parallel"])
+    return {}
+
+
+def _build_hf(config: Any) -> nn.Module:
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    # The meta device: shapes without storage, so a 671B model builds in a second.
+    with torch.device("meta"):
+        try:
+            try:
+                return AutoModelForCausalLM.from_config(config)
+            except ValueError:  # no causal-LM head registered for this type: the bare model
+                return AutoModel.from_config(config)
+        except Exception as exc:  # noqa: BLE001 - transformers raises many types for a config it cannot build
+            raise SourceError(
+                f"transformers cannot build a '{config.model_type}' model from this config "
+                f"({type(exc).__name__}: {exc}); fix the config fields it names") from exc
+
+
+def _hf_config(model_type: str, overrides: dict[str, Any]) -> Any:
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        known = [k for k in _KNOWN_EXAMPLES if k in CONFIG_MAPPING]
+        raise UnknownModelTypeError(model_type, known)
+    return AutoConfig.for_model(model_type, **overrides)
+
+
+def _load_config_file(path: Path) -> LoadedSource:
+    file = path / "config.json" if path.is_dir() else path
+    try:
+        data = json.loads(file.read_text())
+    except FileNotFoundError:
+        raise ConfigFileError(str(file), "no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigFileError(str(file), str(exc)) from None
+    except json.JSONDecodeError as exc:
+        raise ConfigFileError(str(file), f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    if not isinstance(data, dict) or "model_type" not in data:
+        raise ConfigFileError(str(file), "it has no \"model_type\" field")
+    data = dict(data)
+    model_type = data.pop("model_type")
+    try:
+        config = _hf_config(str(model_type), data)
+    except (ValueError, TypeError) as exc:
+        raise ConfigFileError(str(file), f"transformers rejects it: {exc}") from exc
+    return LoadedSource(_build_hf(config), str(model_type), config, suggested_parallel(config))
+
+
+def _load_model_py(path: Path) -> LoadedSource:
+    if not path.is_file():
+        raise ConfigFileError(str(path), "no such file")
+    module_name = f"_tessera_model_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ConfigFileError(str(path), "not a loadable Python file")
+    module = importlib.util.module_from_spec(spec)
+    # Registered so fx and pickling can find the module's functions by name.
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # noqa: BLE001 - any error in the user's file is reported as a source error
+        del sys.modules[module_name]
+        raise SourceError(f"{path}: importing it failed ({type(exc).__name__}: {exc}); fix the file") from exc
+    build = getattr(module, "build_model", None)
+    if not callable(build):
+        raise MissingBuildModelError(str(path))
+    model = build()
+    if not isinstance(model, nn.Module):
+        raise SourceError(f"{path}: build_model() returned {type(model).__name__}, not a torch.nn.Module")
+    name = getattr(module, "NAME", None) or path.stem
+    parallel = dict(getattr(module, "PARALLEL", {}) or {})
+    return LoadedSource(model, str(name), getattr(model, "config", None), parallel)
+
+
+def load_source(source: str | nn.Module | os.PathLike[str]) -> LoadedSource:
+    if isinstance(source, nn.Module):
+        return LoadedSource(source, type(source).__name__, getattr(source, "config", None))
+    text = os.fspath(source)
+    if text.startswith("hf:"):
+        config = _hf_config(text[3:], {})
+        return LoadedSource(_build_hf(config), text[3:], config, suggested_parallel(config))
+    path = Path(text)
+    if path.suffix == ".py":
+        return _load_model_py(path)
+    return _load_config_file(path)

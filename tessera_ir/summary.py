@@ -1,0 +1,40 @@
+"""A JSON-ready summary of a module: per decoder layer kinds, FLOPs and task counts."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from tessera_ir.kinds import Phase
+from tessera_ir.model import Module
+
+
+def summarize(module: Module) -> dict[str, Any]:
+    """``{"model", "parameters", "layers": [...], "tasks"}``.
+
+    Each entry of ``layers`` is a decoder layer: its index, mixer and ffn
+    kinds, forward FLOPs (fwd tasks), backward FLOPs (dgrad + wgrad tasks) and
+    its task count per kind (``op.phase``). ``tasks`` counts every task of the
+    module, embedding and head included.
+    """
+    layers = []
+    for layer in module.decoder_layers():
+        forward = sum(t.flops for t in layer.tasks if t.phase is Phase.FWD)
+        backward = sum(t.flops for t in layer.tasks if t.phase is not Phase.FWD)
+        kinds = Counter(t.kind for t in layer.tasks)
+        layers.append(
+            {
+                "index": layer.index,
+                "mixer": layer.mixer.value,
+                "ffn": layer.ffn.value,
+                "forward_flops": forward,
+                "backward_flops": backward,
+                "tasks": dict(sorted(kinds.items())),
+            }
+        )
+    return {
+        "model": module.attrs.get("model", module.name),
+        "parameters": int(module.attrs.get("parameters", 0)),  # type: ignore[arg-type]
+        "layers": layers,
+        "tasks": sum(1 for _ in module.tasks()),
+    }
