@@ -79,7 +79,7 @@ _REQUIRED = [
 
 
 def available_hardware() -> list[str]:
-    return sorted(p.stem for p in HARDWARE_DIR.glob("*.json"))
+    return sorted({p.stem for p in HARDWARE_DIR.glob("*.json")} | {"cpu"})
 
 
 def load_hardware(name_or_path: str | Path) -> Hardware:
@@ -87,6 +87,12 @@ def load_hardware(name_or_path: str | Path) -> Hardware:
     path = Path(name_or_path)
     if not path.suffix:
         path = HARDWARE_DIR / f"{name_or_path}.json"
+        if str(name_or_path) == "cpu" and not path.is_file():
+            # The local CPU has no shipped file: it is described by running
+            # micro-benchmarks once and caching the result.
+            from passes.calibrate_cpu import cpu_hardware
+
+            return cpu_hardware()
     if not path.is_file():
         raise HardwareError(
             f"no hardware description '{name_or_path}'; use one of {', '.join(available_hardware())} "
@@ -114,3 +120,17 @@ def task_duration_us(task: Task, hw: Hardware, parallel: ParallelConfig) -> floa
     compute_s = task.flops / (hw.peak_flops(parallel.dtype) * efficiency)
     memory_s = task.bytes / (hw.hbm_gbps * 1e9)
     return hw.kernel_launch_us + max(compute_s, memory_s) * 1e6
+
+
+def task_utilisation(task: Task, hw: Hardware, parallel: ParallelConfig) -> tuple[float, float]:
+    """``(sm_util, mem_util)`` of a compute task running alone: the share of peak arithmetic and of
+    memory bandwidth its roofline says it uses (the contention model's inputs). Comm tasks: (0, 0)."""
+    if task.resource is Resource.COMM:
+        return 0.0, 0.0
+    efficiency = hw.efficiency.get(task.op.value, 0.5)
+    compute_s = task.flops / (hw.peak_flops(parallel.dtype) * efficiency)
+    memory_s = task.bytes / (hw.hbm_gbps * 1e9)
+    bound = max(compute_s, memory_s)
+    if bound <= 0:
+        return 0.0, 0.0
+    return compute_s / bound, memory_s / bound

@@ -48,6 +48,10 @@ class ModulePass(ABC):
 # name -> "module:Class". Lazy, so that listing passes imports no solver.
 PASS_REGISTRY: dict[str, str] = {
     "verify": "passes.verify_pass:VerifyPass",
+    "overlap-schedule": "passes.overlap_schedule:OverlapSchedulePass",
+    "profile": "passes.profile:ProfilePass",
+    "candidates": "passes.candidates:CandidatesPass",
+    "partition": "passes.partition:PartitionPass",
 }
 
 
