@@ -65,6 +65,14 @@ class PairDAG:
         return sum(t.duration for t in self.tasks)
 
 
+def _deadline(task: Task) -> float | None:
+    """A movable task's ``deadline`` attribute (µs from the start of the pair), if it has one."""
+    value = task.attrs.get("deadline")
+    if task.movable and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
 def build_pair_dag(
     fwd_layers: Sequence[Layer],
     bwd_layers: Sequence[Layer],
@@ -111,6 +119,7 @@ def build_pair_dag(
                     side=side,
                     layer=layer.name,
                     movable=t.movable,
+                    deadline=_deadline(t),
                 )
             )
 

@@ -109,6 +109,7 @@ def _compile_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="output file ('-' for stdout)")
     p.add_argument("--emit", choices=["ir"], default="ir", help="what to write to -o: ir (textual Tessera IR)")
     p.add_argument("--summary-json", metavar="PATH", help="write the per-layer summary as JSON")
+    p.add_argument("--partition-json", metavar="PATH", help="write the chosen partition as JSON (needs the partition pass)")
     p.add_argument("--report", action="store_true", help="print the report of where the time goes")
     p.add_argument("--passes", default=None, help="pass pipeline to run after capture, e.g. 'a,b{opt=v}' "
                    "(default: the planning pipeline; 'none' to only capture)")
@@ -128,8 +129,8 @@ def _compile(args: argparse.Namespace) -> int:
     from tessera_ir.summary import summarize
     from tessera_ir.verifier import verify
 
-    if not args.output and not args.summary_json and not args.report:
-        raise TesseraError("nothing to do: give -o FILE, --summary-json FILE or --report")
+    if not (args.output or args.summary_json or args.partition_json or args.report):
+        raise TesseraError("nothing to do: give -o FILE, --summary-json FILE, --partition-json FILE or --report")
     pipeline = DEFAULT_PIPELINE if args.passes is None else ("" if args.passes == "none" else args.passes)
     dump = _dump_callback(args.dump_after, args.dump_dir)
     parallel = {flag.lstrip("-").replace("-", "_"): getattr(args, flag.lstrip("-").replace("-", "_")) for flag, _, _ in PARALLEL_FLAGS}
@@ -149,6 +150,10 @@ def _compile(args: argparse.Namespace) -> int:
         outputs.append((args.output, print_module(module)))
     if args.summary_json:
         outputs.append((args.summary_json, json.dumps(summarize(module), indent=2) + "\n"))
+    if args.partition_json:
+        from passes.partition import partition_to_json
+
+        outputs.append((args.partition_json, json.dumps(partition_to_json(module), indent=2) + "\n"))
     report_text = None
     if args.report:
         from tessera.report import render_report

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 from passes.cost_model import Hardware, load_hardware, task_duration_us
-from tessera_ir.kinds import Phase
-from tessera_ir.model import Module
+from tessera_ir.kinds import LayerRole, MixerKind, Phase
+from tessera_ir.model import Attrs, Layer, Module, SymbolRef
 from tessera_ir.parallel import ParallelConfig
 
 
@@ -94,6 +94,118 @@ def _time_section(module: Module, parallel: ParallelConfig, hw: Hardware) -> str
 def render_report(module: Module, hardware: str | None = None) -> str:
     parallel = ParallelConfig.from_attrs(module.attrs)
     hw = load_hardware(hardware or str(module.attrs.get("hardware", "h100")))
-    sections = [_model_section(module, parallel), _time_section(module, parallel, hw)]
-    return "\n\n".join(sections)
+    sections = [_model_section(module, parallel), _time_section(module, parallel, hw), _plan_section(module, parallel)]
+    return "\n\n".join(s for s in sections if s)
 
+
+
+def _exposed_comm(entries: list[tuple[float, float, str]]) -> tuple[float, float]:
+    """(comm time not hidden behind compute, total comm time) of one schedule's entries."""
+    compute = sorted((s, s + d) for s, d, stream in entries if stream == "compute" and d > 0)
+    total = exposed = 0.0
+    for start, duration, stream in entries:
+        if stream != "comm" or duration <= 0:
+            continue
+        end = start + duration
+        covered = sum(max(0.0, min(end, ce) - max(start, cs)) for cs, ce in compute if cs < end and ce > start)
+        total += duration
+        exposed += duration - covered
+    return exposed, total
+
+
+def _layer_letter(layer: Layer) -> str:
+    if layer.role is LayerRole.EMBEDDING:
+        return "E"
+    if layer.role is LayerRole.HEAD:
+        return "L"
+    return {
+        MixerKind.LINEAR_ATTENTION: "D", MixerKind.ATTENTION: "A", MixerKind.SLIDING_ATTENTION: "W",
+        MixerKind.MLA: "M", MixerKind.SSM: "S", MixerKind.NONE: "F",
+    }[layer.mixer]
+
+
+def _plan_section(module: Module, parallel: ParallelConfig) -> str | None:
+    partitions = module.plan_ops("partition")
+    if not partitions:
+        return None
+    from passes.partition_dp import meeting_stages
+
+    part = partitions[0]
+    cands = {c.name: c for c in module.plan_ops("candidate")}
+    stage_refs = [r for r in part.attrs.get("stages", []) if isinstance(r, SymbolRef)]  # type: ignore[union-attr]
+    chosen = [cands[r.name] for r in stage_refs]
+    layer_by_name = {layer.name: layer for layer in module.layers}
+
+    def layers_of(cand_attrs: Attrs) -> tuple[str, ...]:
+        return tuple(r.name for r in cand_attrs.get("layers", []) if isinstance(r, SymbolRef))  # type: ignore[union-attr]
+
+    pairs = {(layers_of({"layers": p.attrs.get("fwd", [])}), layers_of({"layers": p.attrs.get("bwd", [])})): p
+             for p in module.plan_ops("pair")}
+    schedules = {s.name: s for s in module.plan_ops("pair_schedule")}
+
+    stage_rows = []
+    for s, cand in enumerate(chosen):
+        names = layers_of(cand.attrs)
+        sequence = "".join(_layer_letter(layer_by_name[n]) for n in names)
+        stage_rows.append([
+            str(s), str(s % parallel.pp), f"{cand.attrs.get('first')}-{cand.attrs.get('last')}",
+            str(sum(1 for n in names if layer_by_name[n].index is not None)),
+            sequence,
+        ])
+
+    device_rows = []
+    worst_device, worst_cost = -1, -1.0
+    meets = meeting_stages(parallel.pp, parallel.vpp, parallel.microbatches)
+    for device, meetings in meets.items():
+        costs, serial, exposed, comm = [], 0.0, 0.0, 0.0
+        for f, b in meetings:
+            key = (layers_of(chosen[f].attrs), layers_of(chosen[b].attrs))
+            pair = pairs.get(key)
+            if pair is None:
+                continue
+            cost = pair.attrs.get("cost_us", pair.attrs.get("makespan"))
+            if not isinstance(cost, (int, float)):
+                continue
+            costs.append(float(cost))
+            serial_us = pair.attrs.get("serial_us")
+            serial += float(serial_us) if isinstance(serial_us, (int, float)) else 0.0
+            sched_ref = pair.attrs.get("schedule")
+            if isinstance(sched_ref, SymbolRef) and sched_ref.name in schedules:
+                entries = [
+                    (float(e.attrs["start"]), float(e.attrs["duration"]), str(e.attrs["stream"]))  # type: ignore[arg-type]
+                    for e in schedules[sched_ref.name].entries
+                ]
+                x, c = _exposed_comm(entries)
+                exposed, comm = exposed + x, comm + c
+        if not costs:
+            continue
+        worst = max(costs)
+        if worst > worst_cost:
+            worst_device, worst_cost = device, worst
+        device_rows.append([
+            str(device), str(len(costs)), f"{worst / 1e3:.3f}", f"{sum(costs) / 1e3:.3f}",
+            f"{serial / 1e3:.3f}" if serial else "-",
+            f"{100 * (1 - sum(costs) / serial):.1f}%" if serial else "-",
+            f"{100 * exposed / comm:.1f}%" if comm else "-",
+        ])
+
+    lines = [
+        f"Partition ({part.attrs.get('search', 'window')} search, {part.attrs.get('solver', '')} "
+        f"{float(part.attrs.get('solve_seconds', 0.0)):.2f} s; MILP variables "  # type: ignore[arg-type]
+        f"{part.attrs.get('milp_variables_before', '?')} -> {part.attrs.get('milp_variables_after', '?')} after pruning):",
+        _table(["stage", "device", "layers", "count", "kinds"], stage_rows),
+        "  (E embedding, D linear attention, A softmax attention, W sliding window, M MLA, S SSM, F ffn only, L head+loss)",
+        "",
+        "Steady state per device (meeting forward/backward pairs, post-overlap cost, ms):",
+        _table(["device", "pairs", "worst pair", "sum", "serial sum", "overlap gain", "a2a exposed"], device_rows),
+    ]
+    bottleneck = part.attrs.get("bottleneck_us")
+    balanced = part.attrs.get("balanced_bottleneck_us")
+    if isinstance(bottleneck, (int, float)):
+        text = f"Bottleneck: {bottleneck / 1e3:.3f} ms (device {worst_device})"
+        if isinstance(balanced, (int, float)) and bottleneck > 0:
+            text += f"; serially balanced partition: {balanced / 1e3:.3f} ms ({balanced / bottleneck:.3f}x)"
+        lines.append(text)
+    if "megatron_layout" in part.attrs:
+        lines.append(f"Megatron-LM layout: --pipeline-model-parallel-layout \"{part.attrs['megatron_layout']}\"")
+    return "\n".join(lines)

@@ -1,0 +1,333 @@
+"""The overlap-schedule pass and its schedulers: gap-fit, serial, fixed-template."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from passes import pair_schedulers as ps
+from passes.cost_model import load_hardware, task_duration_us
+from passes.manager import PassError, PassManager, parse_pipeline
+from passes.overlap_schedule import OverlapSchedulePass, check_plan_schedules, schedule_from_plan
+from passes.pair_dag import BWD, FWD, PairDAG, PairTask, build_pair_dag
+from passes.schedule_check import ScheduleError, check_pair_schedule
+from tessera_ir.kinds import Resource
+from tessera_ir.model import Module, PlanOp, SymbolRef
+from tessera_ir.parallel import ParallelConfig
+from tessera_ir.printer import print_module
+
+from synthetic_ir import QWEN3_NEXT_PATTERN, synthetic_module
+
+C, M = Resource.COMPUTE, Resource.COMM
+GOLDEN = Path(__file__).parent / "golden"
+KINDS = [("linear_attention", "moe"), ("attention", "moe"), ("attention", "dense"), ("mla", "moe"), ("mla", "dense")]
+
+
+# --- random DAGs -----------------------------------------------------------------------------
+
+
+@st.composite
+def pair_dags(draw: st.DrawFn, max_tasks: int = 24) -> PairDAG:
+    """Two independent sides; each task depends on some earlier tasks of its side; wgrad-like
+    movable tasks hang off a task of the backward side; durations include zeros."""
+    n = draw(st.integers(1, max_tasks))
+    tasks: list[PairTask] = []
+    side_of: list[str] = []
+    for i in range(n):
+        side = draw(st.sampled_from([FWD, BWD]))
+        same = [j for j in range(i) if side_of[j] == side and not tasks[j].movable]
+        deps = tuple(sorted(draw(st.sets(st.sampled_from(same), max_size=2)))) if same else ()
+        movable = side == BWD and bool(deps) and draw(st.booleans())
+        resource = C if movable else draw(st.sampled_from([C, M]))
+        duration = draw(st.sampled_from([0.0, 1.0, 2.5, 3.0, 7.0, 10.0, 12.25]))
+        kind = f"t{i}." + ("wgrad" if movable else ("fwd" if side == FWD else "dgrad"))
+        tasks.append(PairTask(f"t{i:02d}", kind, resource, duration, deps, side, f"l{i % 3}", movable=movable))
+        side_of.append(side)
+    return PairDAG("random", tasks)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pair_dags())
+def test_gap_fit_is_always_valid_and_above_the_lower_bound(dag: PairDAG) -> None:
+    sched = ps.gap_fit(dag)
+    check_pair_schedule(sched)
+    assert sched.makespan >= dag.lower_bound() - 1e-9
+    assert sched.makespan >= ps.strong_lower_bound(dag) - 1e-9
+    assert sched.makespan <= dag.serial_time() + 1e-9  # never worse than running everything in a row
+
+
+def with_deadlines(dag: PairDAG, fraction: float) -> PairDAG:
+    """The same DAG with every movable task due at ``fraction`` of the serial time."""
+    due = fraction * dag.serial_time()
+    return PairDAG(dag.name, [dataclasses.replace(t, deadline=due) if t.movable else t for t in dag.tasks])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pair_dags(), st.sampled_from([0.3, 0.6, 1.0]))
+def test_gap_fit_meets_deadlines_or_says_it_cannot(dag: PairDAG, fraction: float) -> None:
+    dated = with_deadlines(dag, fraction)
+    try:
+        sched = ps.gap_fit(dated)
+    except ps.SchedulingError:
+        # Running everything in a row meets a deadline of the full serial time, so
+        # the heuristic must never give up on those.
+        assert fraction < 1.0
+        return
+    check_pair_schedule(sched)  # includes each movable task's deadline
+
+
+@settings(max_examples=25, deadline=None)
+@given(pair_dags(max_tasks=16))
+def test_gap_fit_is_deterministic(dag: PairDAG) -> None:
+    assert ps.gap_fit(dag).start == ps.gap_fit(dag).start
+
+
+@settings(max_examples=40, deadline=None)
+@given(pair_dags())
+def test_serial_baseline_is_valid_and_sums_durations(dag: PairDAG) -> None:
+    sched = ps.serial(dag)
+    check_pair_schedule(sched)
+    assert sched.makespan == pytest.approx(dag.serial_time())
+
+
+@settings(max_examples=40, deadline=None)
+@given(pair_dags())
+def test_fixed_template_is_valid_or_refuses(dag: PairDAG) -> None:
+    # Random DAGs lack the layer structure the template expects; it must say so, not
+    # leave tasks unplaced.
+    try:
+        sched = ps.fixed_template(dag)
+    except ps.SchedulingError as err:
+        assert "fixed template" in str(err)
+        return
+    check_pair_schedule(sched)
+
+
+# --- hand-made cases -------------------------------------------------------------------------
+
+
+def test_movable_task_is_back_filled_into_a_gap() -> None:
+    # Compute idles while the dispatch runs (10..20); the dgrad (5) and its wgrad (5) fill it.
+    dag = PairDAG(
+        "gap",
+        [
+            PairTask("f1", "mixer.fwd", C, 10.0, (), FWD, "l0"),
+            PairTask("disp", "dispatch.fwd", M, 10.0, (0,), FWD, "l0"),
+            PairTask("f2", "expert_gemm.fwd", C, 10.0, (1,), FWD, "l0"),
+            PairTask("d1", "mixer.dgrad", C, 5.0, (), BWD, "l1"),
+            PairTask("w1", "mixer.wgrad", C, 5.0, (3,), BWD, "l1", movable=True),
+        ],
+    )
+    sched = ps.gap_fit(dag)
+    check_pair_schedule(sched)
+    assert sched.makespan == pytest.approx(30.0)  # = compute total, the lower bound
+    assert sched.finish(4) <= sched.start[2] + 1e-9  # the wgrad ran in the gap, before f2
+
+
+def test_deadline_pulls_a_movable_task_forward() -> None:
+    # Without a deadline the wgrad may run last; with deadline 12 it must run right after its dgrad.
+    base = [
+        PairTask("d", "mixer.dgrad", C, 4.0, (), BWD, "l1"),
+        PairTask("w", "mixer.wgrad", C, 8.0, (0,), BWD, "l1", movable=True, deadline=12.0),
+        PairTask("f1", "mixer.fwd", C, 6.0, (), FWD, "l0"),
+        PairTask("f2", "mixer.fwd", C, 6.0, (2,), FWD, "l0"),
+    ]
+    sched = ps.gap_fit(PairDAG("deadline", base))
+    check_pair_schedule(sched)
+    assert sched.finish(1) <= 12.0 + 1e-9
+
+
+def test_unreachable_deadline_is_an_error() -> None:
+    dag = PairDAG(
+        "late",
+        [
+            PairTask("d", "mixer.dgrad", C, 4.0, (), BWD, "l1"),
+            PairTask("w", "mixer.wgrad", C, 8.0, (0,), BWD, "l1", movable=True, deadline=5.0),
+        ],
+    )
+    with pytest.raises(ps.SchedulingError, match="deadline"):
+        ps.gap_fit(dag)
+
+
+def test_empty_pair_has_zero_makespan() -> None:
+    assert ps.gap_fit(PairDAG("empty")).makespan == 0.0
+
+
+# --- schedules of real layer structures -------------------------------------------------------
+
+
+def module_dag(kinds: list[tuple[str, str]], nf: int, ep: int = 8) -> PairDAG:
+    parallel = ParallelConfig(ep=ep)
+    module = synthetic_module(kinds, gemm_flops=2 * 10**11, mixer_flops=3 * 10**11, a2a_bytes=10**8, parallel=parallel)
+    hw = load_hardware("h100")
+    layers = module.decoder_layers()
+    return build_pair_dag(layers[:nf], layers[nf:], lambda t: task_duration_us(t, hw, parallel), "m")
+
+
+@pytest.mark.parametrize("fwd", KINDS)
+@pytest.mark.parametrize("bwd", KINDS)
+def test_all_methods_valid_on_every_layer_combination(fwd: tuple[str, str], bwd: tuple[str, str]) -> None:
+    dag = module_dag([fwd, bwd], 1)
+    results = {}
+    for method in ("gap-fit", "serial", "fixed-template"):
+        sched = ps.SCHEDULERS[method](dag)
+        check_pair_schedule(sched)
+        results[method] = sched.makespan
+    assert results["gap-fit"] <= results["fixed-template"] + 1e-6
+    assert results["fixed-template"] <= results["serial"] + 1e-6
+
+
+@pytest.mark.parametrize("nf,nb", [(1, 1), (2, 1), (1, 3), (4, 2), (0, 2), (2, 0)])
+def test_fixed_template_on_uneven_chunks(nf: int, nb: int) -> None:
+    dag = module_dag(QWEN3_NEXT_PATTERN[: max(nf + nb, 1)] * 2, nf) if nf + nb else PairDAG("e")
+    layers = synthetic_module(QWEN3_NEXT_PATTERN * 2).decoder_layers()
+    dag = build_pair_dag(layers[:nf], layers[nf : nf + nb], lambda t: 1.0 + len(t.name) % 5, "uneven")
+    sched = ps.fixed_template(dag)
+    check_pair_schedule(sched)
+
+
+def test_fixed_template_comm_order_matches_megatron() -> None:
+    dag = module_dag([("linear_attention", "moe"), ("attention", "moe")], 1)
+    sched = ps.fixed_template(dag)
+    comm = [dag.tasks[i].name for i in sched.stream_order(M)]
+    assert comm == ["l1.combine.dgrad", "l0.dispatch.fwd", "l1.dispatch.dgrad", "l0.combine.fwd"]
+    compute = [dag.tasks[i].name for i in sched.stream_order(C)]
+    # forward pre-dispatch work, then backward expert work (dgrad, then wgrad), then forward experts
+    assert compute.index("l0.router.fwd") < compute.index("l1.expert_gemm.dgrad") < compute.index("l1.expert_gemm.wgrad")
+    assert compute.index("l1.expert_gemm.wgrad") < compute.index("l0.expert_gemm.fwd") < compute.index("l1.attention.dgrad")
+
+
+def test_gap_fit_beats_serial_on_moe_pairs() -> None:
+    dag = module_dag(QWEN3_NEXT_PATTERN, 2)
+    assert ps.gap_fit(dag).makespan < 0.8 * ps.serial(dag).makespan
+
+
+# --- the pass ----------------------------------------------------------------------------------
+
+
+def paired_module(pairs: list[tuple[list[str], list[str]]], **kw: object) -> Module:
+    module = synthetic_module(QWEN3_NEXT_PATTERN, parallel=ParallelConfig(ep=8), **kw)  # type: ignore[arg-type]
+    for k, (f, b) in enumerate(pairs):
+        module.plan.append(PlanOp("pair", f"pair.{k}", {"fwd": [SymbolRef(x) for x in f], "bwd": [SymbolRef(x) for x in b]}))
+    return module
+
+
+def test_pass_schedules_every_pair_and_shares_identical_dags() -> None:
+    module = paired_module([(["l0"], ["l1"]), (["l1"], ["l2"]), (["l0", "l1"], ["l3"]), (["embed", "l0"], ["l3", "head"])])
+    assert OverlapSchedulePass().apply(module)
+    scheds = module.plan_ops("pair_schedule")
+    # l0 and l1, l1 and l2 are all linear-attention MoE layers of identical size: one schedule.
+    assert len(scheds) == 3
+    pairs = {op.name: op for op in module.plan_ops("pair")}
+    assert pairs["pair.0"].attrs["schedule"] == pairs["pair.1"].attrs["schedule"] == SymbolRef("sched.0")
+    assert scheds[0].attrs["pairs"] == [SymbolRef("pair.0"), SymbolRef("pair.1")]
+    for op in pairs.values():
+        assert op.attrs["makespan"] >= op.attrs["lower_bound"] - 1e-9
+    for sched in scheds:
+        assert sched.attrs["verified"] is True and sched.attrs["method"] == "gap-fit"
+        assert sched.attrs["makespan"] <= sched.attrs["serial"]
+        orders = {}
+        for e in sched.entries:
+            orders.setdefault(e.attrs["stream"], []).append(e.attrs["order"])
+        for values in orders.values():
+            assert sorted(values) == list(range(len(values)))
+    assert check_plan_schedules(module) == 3
+
+
+def test_pass_rerun_replaces_schedules() -> None:
+    module = paired_module([(["l0"], ["l1"])])
+    PassManager(parse_pipeline("overlap-schedule")).run(module)
+    first = print_module(module)
+    PassManager(parse_pipeline("overlap-schedule")).run(module)
+    assert print_module(module) == first
+
+
+@pytest.mark.parametrize("method", ["serial", "fixed-template", "exact"])
+def test_pass_methods(method: str) -> None:
+    module = paired_module([(["l0"], ["l3"])])
+    PassManager(parse_pipeline(f"overlap-schedule{{method={method}}}")).run(module)
+    sched = module.plan_ops("pair_schedule")[0]
+    assert sched.attrs["method"] == method
+    if method == "exact":
+        assert sched.attrs["status"] == "optimal"
+    gap = paired_module([(["l0"], ["l3"])])
+    OverlapSchedulePass().apply(gap)
+    if method == "serial":
+        assert sched.attrs["makespan"] == pytest.approx(sched.attrs["serial"])
+    assert gap.plan_ops("pair_schedule")[0].attrs["makespan"] <= sched.attrs["makespan"] + 1e-6
+
+
+def test_pass_uses_cost_us_when_present() -> None:
+    module = paired_module([(["l0"], ["l1"])])
+    for t in module.tasks():
+        t.attrs["cost_us"] = 10.0
+    OverlapSchedulePass().apply(module)
+    sched = module.plan_ops("pair_schedule")[0]
+    assert {e.attrs["duration"] for e in sched.entries} == {10.0}
+
+
+def test_pass_rejects_a_corrupted_schedule(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(dag: PairDAG) -> ps.PairSchedule:
+        return ps.PairSchedule(dag, [0.0] * len(dag.tasks), "gap-fit")  # everything at time 0
+
+    monkeypatch.setitem(ps.SCHEDULERS, "gap-fit", broken)
+    with pytest.raises(ScheduleError, match="violates"):
+        OverlapSchedulePass().apply(paired_module([(["l0"], ["l1"])]))
+    # verify=false writes it anyway and says so
+    module = paired_module([(["l0"], ["l1"])])
+    OverlapSchedulePass(verify=False).apply(module)
+    assert module.plan_ops("pair_schedule")[0].attrs["verified"] is False
+
+
+def test_pass_errors_name_the_pair() -> None:
+    module = paired_module([(["l0"], ["nope"])])
+    with pytest.raises(PassError, match="pair @pair.0: 'bwd' names .*nope"):
+        OverlapSchedulePass().apply(module)
+    with pytest.raises(PassError, match="unknown method"):
+        OverlapSchedulePass(method="magic").apply(paired_module([(["l0"], ["l1"])]))
+
+
+def test_schedule_from_plan_rebuilds_the_schedule() -> None:
+    module = paired_module([(["l0", "l1"], ["l2", "l3"])])
+    OverlapSchedulePass().apply(module)
+    sched = schedule_from_plan(module, "pair.0")
+    check_pair_schedule(sched)
+    assert sched.makespan == pytest.approx(module.plan_ops("pair")[0].attrs["makespan"])
+
+
+# --- golden IR -----------------------------------------------------------------------------------
+
+
+def golden_module() -> Module:
+    """Two Qwen3-Next layers with round measured costs, so the schedule prints exactly."""
+    module = synthetic_module(QWEN3_NEXT_PATTERN[2:], parallel=ParallelConfig(ep=8), name="golden")
+    costs = {"linear_attention": 30.0, "attention": 25.0, "router": 2.0, "dispatch": 20.0, "expert_gemm": 24.0,
+             "combine": 20.0, "shared_expert": 6.0, "embedding": 1.0, "lm_head": 12.0}
+    for t in module.tasks():
+        t.attrs["cost_us"] = costs[t.op.value] * (1.5 if t.phase.value == "dgrad" else 1.0)
+    module.plan.append(PlanOp("pair", "pair.0", {"fwd": [SymbolRef("l0")], "bwd": [SymbolRef("l1")]}))
+    return module
+
+
+def test_golden_scheduled_pair() -> None:
+    module = golden_module()
+    PassManager(parse_pipeline("overlap-schedule")).run(module)
+    text = print_module(module)
+    expected = (GOLDEN / "overlap_schedule.tir").read_text()
+    assert text == expected
+
+
+def test_golden_round_trips_through_the_parser() -> None:
+    parse_module = pytest.importorskip("tessera_ir").__dict__.get("parse_module")
+    if parse_module is None:
+        pytest.skip("the IR parser has not landed")
+    text = (GOLDEN / "overlap_schedule.tir").read_text()
+    module = parse_module(text)
+    assert print_module(module) == text
+    assert check_plan_schedules(module) == 1
+    sched = schedule_from_plan(module, "sched.0")
+    check_pair_schedule(sched)
