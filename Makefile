@@ -24,7 +24,8 @@ setup: $(STAMP)
 
 demo: $(STAMP)
 	mkdir -p out
-	$(BIN)/tessera-compile hf:qwen3_next --emit ir -o out/qwen3_next.tir --summary-json out/qwen3_next.summary.json --report
+	$(BIN)/tessera-compile hf:qwen3_next --emit ir -o out/qwen3_next.tir \
+	  --summary-json out/qwen3_next.summary.json --partition-json out/qwen3_next.partition.json --report --timing
 
 test: $(STAMP)
 	$(BIN)/ruff check .
@@ -40,6 +41,10 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_capture.py
+	$(BIN)/python bench/bench_ir_text.py
+	$(BIN)/python bench/bench_pair_schedule.py
+	$(BIN)/python bench/bench_partition.py
+	$(BIN)/python bench/bench_cost_model.py
 
 clean:
 	rm -rf $(VENV) out build *.egg-info

@@ -150,4 +150,6 @@ def test_ilp_matches_brute_force_and_bounds_the_heuristic(dag: PairDAG) -> None:
     assert sched.makespan == pytest.approx(opt)
     heur = ps.gap_fit(dag)
     assert heur.makespan >= opt - 1e-9
-    assert heur.makespan == pytest.approx(opt)  # tiny pairs: the heuristic finds the optimum
+    # The heuristic is not exact (hypothesis finds 5-task DAGs where it ends one unit above the
+    # optimum); it never does worse than running the two streams back to back.
+    assert heur.makespan <= ps.serial(dag).makespan + 1e-9
