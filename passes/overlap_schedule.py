@@ -37,16 +37,27 @@ op records ``status`` = optimal/feasible/timeout).
 With ``verify=true`` (default) every schedule is checked by z3
 (:mod:`passes.schedule_check`) before it is written; a schedule that breaks a
 constraint stops the pass with a :class:`~passes.schedule_check.ScheduleError`.
+
+Speed: each distinct side of a pair (a list of forward or backward layers) is
+built once, and pairs are grouped by their two side signatures, so a DAG is
+built only per distinct signature. The distinct DAGs are scheduled and checked
+by ``jobs`` worker processes (0, the default: one per CPU core; 1: in this
+process; small modules always stay in-process). Scheduling and checking are
+deterministic, so the output and the first error reported are the same for
+every ``jobs``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import gc
+import os
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from passes.cost_model import load_hardware, task_duration_us
 from passes.manager import ModulePass, PassError
-from passes.pair_dag import PairDAG, build_pair_dag
+from passes.pair_dag import BWD, FWD, PairDAG, PairTask, build_pair_dag, join_sides, side_tasks
 from passes.pair_schedulers import SCHEDULERS, PairSchedule
 from passes.schedule_check import ScheduleEntry, ScheduleError, check_schedule, entries_of
 from tessera_ir.model import Layer, Module, PlanEntry, PlanOp, SymbolRef, Task
@@ -97,7 +108,11 @@ def pair_dag(module: Module, op: PlanOp, duration: Callable[[Task], float]) -> P
 
 def dag_signature(dag: PairDAG) -> Signature:
     """What a schedule depends on: everything about the tasks except their names."""
-    return tuple((t.kind, t.resource.value, t.duration, t.deps, t.movable, t.deadline, t.side) for t in dag.tasks)
+    return _tasks_signature(dag.tasks)
+
+
+def _tasks_signature(tasks: Sequence[PairTask]) -> Signature:
+    return tuple((t.kind, t.resource.value, t.duration, t.deps, t.movable, t.deadline, t.side) for t in tasks)
 
 
 def schedule_dag(dag: PairDAG, method: str = "gap-fit", time_limit: float = 10.0, solver: str = "highs") -> PairSchedule:
@@ -225,10 +240,21 @@ class OverlapSchedulePass(ModulePass):
     verify: bool = True
     time_limit: float = 10.0
     solver: str = "highs"
+    # Worker processes for the distinct DAGs: 0 = one per CPU core, 1 = none. Each DAG's
+    # schedule is a pure function of the DAG and the options (the exact method aside,
+    # whose time limit makes it depend on the machine), so the result does not depend on it.
+    jobs: int = 0
+
+    def _workers(self, tasks: int) -> int:
+        jobs = self.jobs or _cpu_cores()
+        # A worker process costs a fork and some copying; small modules stay in-process.
+        return min(jobs, tasks // MIN_TASKS_PER_WORKER) if tasks >= 2 * MIN_TASKS_PER_WORKER else 1
 
     def apply(self, module: Module) -> bool:
         if self.method not in METHODS:
             raise PassError(f"unknown method '{self.method}' for overlap-schedule; use one of {', '.join(METHODS)}")
+        if self.jobs < 0:
+            raise PassError(f"overlap-schedule: jobs must be 0 (one per CPU core) or a positive count, got {self.jobs}")
         pairs = module.plan_ops("pair")
         old = [op for op in module.plan if op.op == "pair_schedule"]
         if not pairs and not old:
@@ -236,28 +262,169 @@ class OverlapSchedulePass(ModulePass):
         duration = duration_fn(module, self.hardware)
         # Re-running the pass replaces earlier schedules instead of piling up new ones.
         module.plan = [op for op in module.plan if op.op != "pair_schedule"]
-        by_signature: dict[Signature, tuple[PairSchedule, list[str]]] = {}
+        sides = _SideCache(module, duration)
+        # Pairs are grouped by (forward side's signature, backward side's signature). That
+        # is the same grouping as by whole-DAG signature: the DAG is the forward side
+        # followed by the backward side with its dependencies shifted by the forward
+        # side's length, and each signature entry records its side, so two DAG signatures
+        # are equal exactly when both side signatures are. The DAG itself is built only
+        # for the first pair of each group, which is scheduled.
+        groups: dict[tuple[int, int], tuple[PairDAG, list[str]]] = {}
+        failed: Exception | None = None
         for op in pairs:
-            dag = pair_dag(module, op, duration)
-            sig = dag_signature(dag)
-            if sig not in by_signature:
-                sched = schedule_dag(dag, self.method, self.time_limit, self.solver)
-                by_signature[sig] = (sched, [])
-            sched, members = by_signature[sig]
-            members.append(op.name)
-        emitted: dict[Signature, str] = {}
-        for k, (sig, (sched, members)) in enumerate(by_signature.items()):
-            name = f"sched.{k}"
+            try:
+                key, fwd, bwd = sides.pair(op)
+            except Exception as err:  # noqa: BLE001 - raised below, after the pairs before it are scheduled
+                failed = err
+                break
+            if key not in groups:
+                groups[key] = (join_sides(fwd, bwd, op.name), [])
+            groups[key][1].append(op.name)
+        dags = [dag for dag, _ in groups.values()]
+        # Errors come in the order of a pair-by-pair run: scheduling the DAGs met before a
+        # pair that cannot be built, then that pair, then the checks in schedule order.
+        with frozen_heap():
+            solved, valid = _schedule_all(
+                dags, self.method, self.time_limit, self.solver, self.verify, self._workers(len(dags))
+            )
+            if failed is not None:
+                raise failed
             if self.verify:
-                check_schedule(sched.dag, entries_of(sched), where=f"pair_schedule @{name}")
+                for k, sched in enumerate(solved):
+                    if not valid[k]:
+                        check_schedule(sched.dag, entries_of(sched), where=f"pair_schedule @sched.{k}")
+        by_signature = {key: (sched, members) for (key, (_, members)), sched in zip(groups.items(), solved)}
+        names = []
+        for k, (sched, members) in enumerate(by_signature.values()):
+            name = f"sched.{k}"
             module.plan.append(schedule_op(sched, name, members, self.hardware, self.verify))
-            emitted[sig] = name
+            names.append(name)
         ops = {op.name: op for op in pairs}
-        for sched, members in by_signature.values():
-            sig = dag_signature(sched.dag)
+        for name, (sched, members) in zip(names, by_signature.values()):
             for pair_name in members:
                 attrs = ops[pair_name].attrs
-                attrs["schedule"] = SymbolRef(emitted[sig])
+                attrs["schedule"] = SymbolRef(name)
                 attrs["makespan"] = sched.makespan
                 attrs["lower_bound"] = sched.dag.lower_bound()
         return True
+
+
+# Fewer distinct DAGs per worker than this are not worth a process.
+MIN_TASKS_PER_WORKER = 16
+
+
+@contextmanager
+def frozen_heap() -> Iterator[None]:
+    """Keep the objects that exist now out of the garbage collector's way meanwhile.
+
+    Scheduling and costing allocate many small objects, so the collector runs
+    often, and each full collection walks the whole heap: with a captured model
+    (and torch) loaded that made scheduling a third slower in-process, and in
+    forked workers it also copies every inherited page. Frozen objects (the
+    permanent generation) are skipped; they are live anyway. Does nothing when
+    the caller froze objects already, so as not to unfreeze theirs.
+    """
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def _cpu_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+# The DAGs and options a worker process reads: set before the pool forks, so the
+# workers inherit them instead of receiving them pickled.
+_WORK: tuple[list[PairDAG], str, float, str, bool] | None = None
+
+
+def _solve_in_worker(k: int) -> tuple[list[float], str, str, float | None, dict, bool] | None:
+    """Schedule DAG ``k`` of ``_WORK`` and, when asked, z3-check it: (start times, method,
+    status, bound, stats, checked and valid), or None when scheduling failed. Failures
+    are redone in the main process, which raises them exactly as a run without workers."""
+    assert _WORK is not None
+    dags, method, time_limit, solver, verify = _WORK
+    try:
+        sched = schedule_dag(dags[k], method, time_limit, solver)
+    except Exception:  # noqa: BLE001 - any failure is redone in the main process
+        return None
+    valid = False
+    if verify:
+        try:
+            check_schedule(sched.dag, entries_of(sched))
+            valid = True
+        except Exception:  # noqa: BLE001 - likewise
+            pass
+    return sched.start, sched.method, sched.status, sched.bound, sched.stats, valid
+
+
+def _schedule_all(
+    dags: list[PairDAG], method: str, time_limit: float, solver: str, verify: bool, workers: int
+) -> tuple[list[PairSchedule], list[bool]]:
+    """Schedules of ``dags`` in order, and for each whether it was already z3-checked and valid.
+
+    Without workers nothing is checked here, and the first DAG that cannot be
+    scheduled raises. With several, the DAGs are spread over forked processes that
+    also run the check (the slower half of the work); a DAG whose scheduling failed
+    there is redone here, in order, so the error raised is the one a run without
+    workers raises (scheduling is deterministic).
+    """
+    import multiprocessing
+
+    if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        return [schedule_dag(dag, method, time_limit, solver) for dag in dags], [False] * len(dags)
+    global _WORK
+    _WORK = (dags, method, time_limit, solver, verify)
+    try:
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            # Small chunks keep both workers busy to the end (DAG sizes vary a lot).
+            results = pool.map(_solve_in_worker, range(len(dags)), chunksize=4)
+    finally:
+        _WORK = None
+    scheds, valid = [], []
+    for dag, res in zip(dags, results):
+        if res is None:
+            scheds.append(schedule_dag(dag, method, time_limit, solver))
+            valid.append(False)
+        else:
+            start, used, status, bound, stats, ok = res
+            scheds.append(PairSchedule(dag, start, used, status=status, bound=bound, stats=stats))
+            valid.append(ok)
+    return scheds, valid
+
+
+class _SideCache:
+    """Each distinct side (forward or backward, a list of layers) of the module's pairs is
+    built once; pairs reuse it. Sides with equal signatures share an id."""
+
+    def __init__(self, module: Module, duration: Callable[[Task], float]):
+        self.module = module
+        self.duration = duration
+        self.sides: dict[tuple[str, tuple[str, ...]], tuple[list[PairTask], int]] = {}
+        self.ids: dict[Signature, int] = {}
+
+    def side(self, op: PlanOp, key: str) -> tuple[list[PairTask], int]:
+        layers = _pair_layers(self.module, op, key)
+        cache_key = (key, tuple(layer.name for layer in layers))
+        hit = self.sides.get(cache_key)
+        if hit is None:
+            tasks = side_tasks(layers, FWD if key == "fwd" else BWD, self.duration, op.name)
+            hit = (tasks, self.ids.setdefault(_tasks_signature(tasks), len(self.ids)))
+            self.sides[cache_key] = hit
+        return hit
+
+    def pair(self, op: PlanOp) -> tuple[tuple[int, int], list[PairTask], list[PairTask]]:
+        """(signature key, forward side, backward side) of a pair op."""
+        if "fwd" not in op.attrs and "bwd" not in op.attrs:
+            raise PassError(f"pair @{op.name} has neither 'fwd' nor 'bwd'; a pair lists its forward and backward layers")
+        fwd, fwd_id = self.side(op, "fwd")
+        bwd, bwd_id = self.side(op, "bwd")
+        return (fwd_id, bwd_id), fwd, bwd

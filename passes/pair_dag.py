@@ -13,7 +13,7 @@ this one structure, so comparisons are made on identical DAGs.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tessera_ir.kinds import Phase, Resource
 from tessera_ir.model import Layer, Task
@@ -73,6 +73,110 @@ def _deadline(task: Task) -> float | None:
     return None
 
 
+def _sweep_order(tasks: Sequence[Task]) -> list[int] | None:
+    """Positions of ``tasks`` in the order of repeated sweeps; None on a dependency cycle.
+
+    The order is defined by sweeps: go through the unplaced tasks in list order
+    and place each one whose dependencies (inside the list) are all placed, the
+    ones placed earlier in the same sweep included; repeat until all are placed.
+    Sweeping literally costs a pass over the list per sweep. Instead each task's
+    sweep number is computed directly: a task can go in the sweep of a
+    dependency listed before it, but only in the next sweep after a dependency
+    listed after it, so
+
+        sweep(x) = max(1, max over deps d of sweep(d) + [pos(d) > pos(x)])
+
+    and the placement order is by (sweep, position). Dependencies are resolved
+    depth first; meeting a task still on the stack means a cycle.
+    """
+    pos = {t.name: k for k, t in enumerate(tasks)}
+    deps = [[pos[d] for d in t.deps if d in pos] for t in tasks]
+    sweep = [0] * len(tasks)  # 0: not computed yet
+    on_stack = [False] * len(tasks)
+    for root in range(len(tasks)):
+        if sweep[root]:
+            continue
+        stack = [root]
+        on_stack[root] = True
+        while stack:
+            x = stack[-1]
+            d = next((d for d in deps[x] if not sweep[d]), -1)
+            if d >= 0:  # resolve one dependency at a time, so the stack is a path
+                if on_stack[d]:
+                    return None
+                on_stack[d] = True
+                stack.append(d)
+                continue
+            stack.pop()
+            on_stack[x] = False
+            level = 1
+            for d in deps[x]:
+                v = sweep[d] + (d > x)
+                if v > level:
+                    level = v
+            sweep[x] = level
+    return sorted(range(len(tasks)), key=lambda k: (sweep[k], k))
+
+
+def _blocked(tasks: Sequence[Task]) -> set[str]:
+    """Names of the tasks no sweep can place: those on a dependency cycle or after one."""
+    in_list = {t.name for t in tasks}
+    done: set[str] = set()
+    pending = {t.name: t for t in tasks}
+    progressed = True
+    while progressed:
+        progressed = False
+        for name, t in list(pending.items()):
+            if all(d in done or d not in in_list for d in t.deps):
+                done.add(name)
+                del pending[name]
+                progressed = True
+    return set(pending)
+
+
+def side_tasks(layers: Sequence[Layer], side: str, duration: Callable[[Task], float], name: str = "pair") -> list[PairTask]:
+    """One side of a pair: the forward tasks (``side`` FWD) or the dgrad/wgrad tasks (BWD) of
+    ``layers``, in topological order, each task's ``deps`` indexing this list. ``name`` is the
+    pair's, for the error message."""
+    phases = {Phase.FWD} if side == FWD else {Phase.DGRAD, Phase.WGRAD}
+    tasks = [(layer, t) for layer in layers for t in layer.tasks if t.phase in phases]
+    in_side = {t.name for _, t in tasks}
+    # Topological order inside the side: IR order is topological for the forward,
+    # and for the backward the frontend lists tasks in dependency order per layer,
+    # but backward layers run last-to-first, so sort explicitly.
+    order = _sweep_order([t for _, t in tasks])
+    if order is None:
+        pending = _blocked([t for _, t in tasks])
+        raise ValueError(f"dependency cycle among tasks {sorted(pending)} of pair '{name}'")
+    out: list[PairTask] = []
+    index: dict[str, int] = {}
+    for k in order:
+        layer, t = tasks[k]
+        index[t.name] = len(out)
+        out.append(
+            PairTask(
+                name=t.name,
+                kind=t.kind,
+                resource=t.resource,
+                duration=float(duration(t)),
+                deps=tuple(index[d] for d in t.deps if d in in_side),
+                side=side,
+                layer=layer.name,
+                movable=t.movable,
+                deadline=_deadline(t),
+            )
+        )
+    return out
+
+
+def join_sides(fwd: Sequence[PairTask], bwd: Sequence[PairTask], name: str = "pair") -> PairDAG:
+    """The pair DAG of two sides made by :func:`side_tasks`: forward tasks first, then the
+    backward ones with their ``deps`` shifted past the forward tasks."""
+    off = len(fwd)
+    shifted = [replace(t, deps=tuple(d + off for d in t.deps)) if off and t.deps else t for t in bwd]
+    return PairDAG(name, list(fwd) + shifted)
+
+
 def build_pair_dag(
     fwd_layers: Sequence[Layer],
     bwd_layers: Sequence[Layer],
@@ -84,45 +188,5 @@ def build_pair_dag(
     Either side may be empty (the warm-up and cool-down phases of the pipeline
     run a forward or a backward alone).
     """
-    dag = PairDAG(name)
-    index: dict[str, int] = {}
-
-    def add_side(layers: Sequence[Layer], side: str, phases: set[Phase]) -> None:
-        tasks = [(layer, t) for layer in layers for t in layer.tasks if t.phase in phases]
-        in_side = {t.name for _, t in tasks}
-        # Topological order inside the side: IR order is topological for the forward,
-        # and for the backward the frontend lists tasks in dependency order per layer,
-        # but backward layers run last-to-first, so sort explicitly.
-        pending = {t.name: (layer, t) for layer, t in tasks}
-        placed: list[tuple[Layer, Task]] = []
-        done: set[str] = set()
-        while pending:
-            progressed = False
-            for tname in list(pending):
-                layer, t = pending[tname]
-                if all(d in done or d not in in_side for d in t.deps):
-                    placed.append((layer, t))
-                    done.add(tname)
-                    del pending[tname]
-                    progressed = True
-            if not progressed:
-                raise ValueError(f"dependency cycle among tasks {sorted(pending)} of pair '{name}'")
-        for layer, t in placed:
-            index[t.name] = len(dag.tasks)
-            dag.tasks.append(
-                PairTask(
-                    name=t.name,
-                    kind=t.kind,
-                    resource=t.resource,
-                    duration=float(duration(t)),
-                    deps=tuple(index[d] for d in t.deps if d in in_side),
-                    side=side,
-                    layer=layer.name,
-                    movable=t.movable,
-                    deadline=_deadline(t),
-                )
-            )
-
-    add_side(fwd_layers, FWD, {Phase.FWD})
-    add_side(bwd_layers, BWD, {Phase.DGRAD, Phase.WGRAD})
-    return dag
+    fwd = side_tasks(fwd_layers, FWD, duration, name)
+    return join_sides(fwd, side_tasks(bwd_layers, BWD, duration, name), name)

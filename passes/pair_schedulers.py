@@ -65,6 +65,7 @@ import bisect
 import heapq
 import operator
 import random
+import struct
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -244,7 +245,8 @@ def _earliest_fit(busy: list[tuple[float, float]], ready: float, duration: float
             continue
         if t + duration <= s + EPS:
             return t
-        t = max(t, e)
+        if e > t:
+            t = e
     return t
 
 
@@ -271,10 +273,16 @@ def _sgs(ctx: _Ctx, order: Sequence[int], preds: Sequence[Sequence[int]] | None 
             if finish[p] > ready:
                 ready = finish[p]
         busy = lines[res[i]]
-        s = _earliest_fit(busy, ready, dur[i])
+        d = dur[i]
+        # _earliest_fit and _occupy, inlined (this loop is the hottest of the search).
+        s = ready if not busy or busy[-1][1] <= ready + EPS else _earliest_fit(busy, ready, d)
+        iv = (s, s + d)
+        if not busy or busy[-1] <= iv:
+            busy.append(iv)
+        else:
+            bisect.insort(busy, iv)
         start[i] = s
-        finish[i] = s + dur[i]
-        _occupy(busy, s, dur[i])
+        finish[i] = s + d
     return start
 
 
@@ -582,52 +590,159 @@ def _tabu_orders(ctx: _Ctx, start: list[float], iterations: int, target: float) 
 def _linear_extensions(ctx: _Ctx, members: list[int], limit: int, rng: random.Random, bl: Sequence[float]) -> list[list[int]]:
     """Orders of ``members`` (the tasks of one stream) that agree with the dependencies.
 
-    All of them when there are at most ``limit``; otherwise ``limit`` drawn at
-    random (seeded), the first always the bottom-level order.
+    All of them when there are at most ``limit`` (or ``limit + 1``), in
+    depth-first order; otherwise ``limit`` drawn at random (seeded), the first
+    always the bottom-level order.
     """
     anc = [0] * ctx.n
     for i in range(ctx.n):
         for d in ctx.preds[i]:
             anc[i] |= anc[d] | (1 << d)
     mask = {i: sum(1 << j for j in members if (anc[i] >> j) & 1) for i in members}
-    out: list[list[int]] = []
+    if _count_extensions(members, mask, limit + 2) <= limit + 1:
+        return _all_extensions(members, mask)
+    # Sampling: a random order is built by repeatedly taking one of the available members
+    # (all member ancestors placed), kept sorted by (-bottom level, name) so that the k-th
+    # draw of the seeded generator picks the same task on every run. The available list is
+    # updated incrementally: placing ``i`` only frees members that have ``i`` as ancestor.
+    # Members are handled by rank in that order, so the available list is a plain sorted
+    # list of ints.
+    pref = sorted(members, key=lambda i: (-bl[i], ctx.names[i]))
+    need = [bin(mask[i]).count("1") for i in pref]
+    freed = [[r for r, j in enumerate(pref) if (mask[j] >> i) & 1] for i in pref]
+    first = [r for r in range(len(pref)) if need[r] == 0]
+    draws = _Draws(rng)
+    # Bits to drop from a 32-bit word for a draw below n (see _Draws.below, inlined here).
+    shifts = [32 - n.bit_length() for n in range(len(pref) + 1)]
+    words, pos = draws.words, 0
+    samples: list[list[int]] = []
+    seen: set[tuple[int, ...]] = set()
+    insort = bisect.insort
+    for k in range(limit * 3):
+        missing = list(need)
+        avail = list(first)
+        ranks: list[int] = []
+        while avail:
+            if k == 0:
+                r = avail.pop(0)
+            else:
+                n, shift = len(avail), shifts[len(avail)]
+                while True:
+                    if pos == len(words):
+                        words, pos = draws.refill(), 0
+                    v = words[pos] >> shift
+                    pos += 1
+                    if v < n:
+                        break
+                r = avail.pop(v)
+            ranks.append(r)
+            for j in freed[r]:
+                missing[j] -= 1
+                if missing[j] == 0:
+                    insort(avail, j)
+        key = tuple(ranks)
+        if key not in seen:
+            seen.add(key)
+            samples.append([pref[r] for r in ranks])
+            if len(samples) >= limit:
+                break
+    draws.pos = pos
+    draws.sync()
+    return samples
 
-    def dfs(prefix: list[int], placed: int) -> bool:
-        if len(out) > limit:
-            return False
+
+class _Draws:
+    """``rng.randrange(n)`` draws, bit for bit, from 32-bit words generated in bulk.
+
+    ``randrange(n)`` takes ``k = n.bit_length()`` bits from one fresh 32-bit word of the
+    Mersenne Twister (the word's top ``k`` bits) and retries while the value is not
+    below ``n``. Calling it costs a microsecond or so in Python, which dominated the
+    stream-order sampling; here the words come from a copy of ``rng`` in chunks
+    (``getrandbits(32 * m)`` holds the next ``m`` words, the first in the lowest bits)
+    and :meth:`sync` finally advances ``rng`` by exactly the words used, so the caller
+    sees the generator as if it had called ``randrange`` itself. A test compares the
+    two draw for draw.
+    """
+
+    CHUNK = 2048
+
+    def __init__(self, rng: random.Random):
+        self.rng = rng
+        self.state = rng.getstate()
+        self.copy = random.Random()
+        self.copy.setstate(self.state)
+        self.words: tuple[int, ...] = ()
+        self.pos = 0  # next word of ``words``
+        self.done = 0  # words of earlier chunks
+
+    def refill(self) -> tuple[int, ...]:
+        """The next chunk of words (the current one is used up)."""
+        self.done += len(self.words)
+        raw = self.copy.getrandbits(32 * self.CHUNK).to_bytes(4 * self.CHUNK, "little")
+        self.words = struct.unpack(f"<{self.CHUNK}I", raw)
+        self.pos = 0
+        return self.words
+
+    def below(self, n: int) -> int:
+        """Like ``rng.randrange(n)`` for ``n >= 1``."""
+        shift = 32 - n.bit_length()
+        while True:
+            if self.pos == len(self.words):
+                self.refill()
+            r = self.words[self.pos] >> shift
+            self.pos += 1
+            if r < n:
+                return r
+
+    def sync(self) -> None:
+        """Leave ``rng`` where ``randrange`` would have: as many words further as were used."""
+        used = self.done + self.pos
+        self.rng.setstate(self.state)
+        if used:
+            self.rng.getrandbits(32 * used)
+
+
+def _count_extensions(members: list[int], mask: dict[int, int], cap: int) -> int:
+    """Number of linear extensions of ``members`` under ``mask`` (member ancestors), or
+    ``cap`` when there are at least that many. Counted over down-sets (the placed
+    members), each once: count(placed) = sum of count(placed + i) over available i."""
+    full = sum(1 << i for i in members)
+    memo: dict[int, int] = {full: 1}
+
+    def count(placed: int) -> int:
+        got = memo.get(placed)
+        if got is not None:
+            return got
+        total = 0
+        for i in members:
+            if not (placed >> i) & 1 and mask[i] & ~placed == 0:
+                total += count(placed | (1 << i))
+                if total >= cap:
+                    total = cap
+                    break
+        memo[placed] = total
+        return total
+
+    return count(0)
+
+
+def _all_extensions(members: list[int], mask: dict[int, int]) -> list[list[int]]:
+    """Every linear extension of ``members``, depth first with members in list order."""
+    out: list[list[int]] = []
+    prefix: list[int] = []
+
+    def dfs(placed: int) -> None:
         if len(prefix) == len(members):
             out.append(list(prefix))
-            return True
+            return
         for i in members:
             if not (placed >> i) & 1 and mask[i] & ~placed == 0:
                 prefix.append(i)
-                ok = dfs(prefix, placed | (1 << i))
+                dfs(placed | (1 << i))
                 prefix.pop()
-                if not ok:
-                    return False
-        return True
 
-    if dfs([], 0):
-        return out
-    samples: list[list[int]] = []
-    seen: set[tuple[int, ...]] = set()
-    for k in range(limit * 3):
-        placed = 0
-        order: list[int] = []
-        while len(order) < len(members):
-            avail = sorted(
-                (i for i in members if not (placed >> i) & 1 and mask[i] & ~placed == 0),
-                key=lambda i: (-bl[i], ctx.names[i]),
-            )
-            i = avail[0] if k == 0 else avail[rng.randrange(len(avail))]
-            order.append(i)
-            placed |= 1 << i
-        if tuple(order) not in seen:
-            seen.add(tuple(order))
-            samples.append(order)
-            if len(samples) >= limit:
-                break
-    return samples
+    dfs(0)
+    return out
 
 
 def _chain_bound(chain: Sequence[int], head: Sequence[float], tail: Sequence[float], dur: Sequence[float]) -> float:
@@ -971,9 +1086,15 @@ def fixed_template(dag: PairDAG) -> PairSchedule:
                 "the pair's task dependencies do not follow the forward/backward layer structure the template assumes"
             )
     t = max([finish[i] for i in range(n) if done[i]], default=0.0)
-    for i in rest:
+    # Layer by layer is not always a topological order (a hand-written DAG may make a task
+    # depend on a task of a later layer): take the first task in that order whose
+    # predecessors have all run, which keeps the layer order whenever it is topological.
+    pending = list(rest)
+    while pending:
+        k = next(k for k, i in enumerate(pending) if all(done[d] for d in dag.tasks[i].deps))
+        i = pending.pop(k)
         s = max([t] + [finish[d] for d in dag.tasks[i].deps])
-        start[i], finish[i] = s, s + dag.tasks[i].duration
+        start[i], finish[i], done[i] = s, s + dag.tasks[i].duration, True
         t = finish[i]
     return PairSchedule(dag, start, "fixed-template", solve_seconds=time.perf_counter() - t0)
 

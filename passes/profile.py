@@ -19,6 +19,9 @@ Modes:
     their stream order and dependencies, and overlapped tasks slow each other
     down. ``overlap_us`` is the same re-timing without contention (the naive
     schedule of isolated durations), ``serial_us`` the sum of isolated durations.
+    Pairs sharing a schedule usually re-time identically: each distinct
+    re-timing input (everything but task names, see ``retime_key``) is re-timed
+    once and its figures copied to every pair that has it.
 
 ``measured``
     The schedule is executed for real (``runtime/pair_executor.py``): on CPU by
@@ -56,7 +59,7 @@ from dataclasses import dataclass, replace
 from passes.contention import ContendedTask, ContentionParams, RetimedPair, retime
 from passes.cost_model import Hardware, load_hardware, task_duration_us, task_utilisation
 from passes.manager import ModulePass, PassError
-from passes.pair_dag import PairDAG, build_pair_dag
+from passes.pair_dag import BWD, FWD, PairDAG, PairTask, build_pair_dag, join_sides, side_tasks
 from passes.profile_cache import CacheEntry, ProfileCache, cache_key, resolve_cache_dir, software_versions
 from tessera_ir.errors import TesseraError
 from tessera_ir.kinds import Resource
@@ -93,6 +96,74 @@ class ScheduledTask:
 # Reading pairs and their schedules
 
 
+class PairIndex:
+    """What reading many pairs of one module needs, built once: layers, tasks and
+    schedules by name, per-task durations on ``hw``, and each pair side (a list of
+    layers) built once however many pairs share it. The module must not change while
+    an index is in use."""
+
+    def __init__(self, module: Module, hw: Hardware, parallel: ParallelConfig):
+        self.module = module
+        self.hw = hw
+        self.parallel = parallel
+        self.layers = {layer.name: layer for layer in module.layers}
+        self.tasks = module.task_map()
+        self.schedules: dict[str, PlanOp] = {}
+        for p in module.plan_ops("pair_schedule"):
+            self.schedules.setdefault(p.name, p)  # the first of a repeated name, as a scan would find
+        self._durations: dict[str, float] = {}
+        self._utilisation: dict[str, tuple[float, float]] = {}
+        self._sides: dict[tuple[str, tuple[str, ...]], list[PairTask]] = {}
+        self._joined: dict[tuple[tuple[str, tuple[str, ...]], int], list[PairTask]] = {}
+
+    def duration(self, task: Task) -> float:
+        """``task_duration_us`` on ``hw``, computed once per task of the module."""
+        if self.tasks.get(task.name) is not task:  # not the module's own task object: no caching
+            return task_duration_us(task, self.hw, self.parallel)
+        got = self._durations.get(task.name)
+        if got is None:
+            got = self._durations[task.name] = task_duration_us(task, self.hw, self.parallel)
+        return got
+
+    def utilisation(self, task: Task) -> tuple[float, float]:
+        """``task_utilisation`` on ``hw``, computed once per task of the module."""
+        if self.tasks.get(task.name) is not task:
+            return task_utilisation(task, self.hw, self.parallel)
+        got = self._utilisation.get(task.name)
+        if got is None:
+            got = self._utilisation[task.name] = task_utilisation(task, self.hw, self.parallel)
+        return got
+
+    def layers_of(self, op: PlanOp, key: str) -> list[Layer]:
+        refs = op.attrs.get(key, [])
+        if not isinstance(refs, list):
+            raise ProfileError(f"pair @{op.name}: '{key}' must be a list of layer references, got {refs!r}")
+        out = []
+        for ref in refs:
+            name = ref.name if isinstance(ref, SymbolRef) else str(ref)
+            if name not in self.layers:
+                raise ProfileError(f"pair @{op.name}: '{key}' names @{name}, which is not a layer of the module")
+            out.append(self.layers[name])
+        return out
+
+    def dag(self, op: PlanOp) -> PairDAG:
+        """The pair's DAG with isolated durations on ``hw`` (as :func:`pair_dag` builds it)."""
+        keys = []
+        for key, side in (("fwd", FWD), ("bwd", BWD)):
+            layers = self.layers_of(op, key)
+            cache_key = (key, tuple(layer.name for layer in layers))
+            if cache_key not in self._sides:
+                self._sides[cache_key] = side_tasks(layers, side, self.duration, op.name)
+            keys.append(cache_key)
+        fwd = self._sides[keys[0]]
+        # The backward side shifted past the forward one, kept per (side, shift): the
+        # same backward chunk meets forward chunks of only a few lengths.
+        joined_key = (keys[1], len(fwd))
+        if joined_key not in self._joined:
+            self._joined[joined_key] = join_sides(fwd, self._sides[keys[1]]).tasks[len(fwd):]
+        return PairDAG(op.name, fwd + self._joined[joined_key])
+
+
 def _layers(module: Module, op: PlanOp, key: str) -> list[Layer]:
     by_name = {layer.name: layer for layer in module.layers}
     refs = op.attrs.get(key, [])
@@ -114,14 +185,20 @@ def pair_dag(module: Module, op: PlanOp, hw: Hardware, parallel: ParallelConfig)
     )
 
 
-def scheduled_tasks(module: Module, op: PlanOp, hw: Hardware, parallel: ParallelConfig) -> list[ScheduledTask]:
+def scheduled_tasks(
+    module: Module, op: PlanOp, hw: Hardware, parallel: ParallelConfig, index: PairIndex | None = None
+) -> list[ScheduledTask]:
     """The pair's tasks in its schedule's stream order, with their in-pair dependencies.
 
     The order comes from the ``pair_schedule`` op the pair's ``schedule`` attribute
     names; a pair without one is scheduled now with ``pair_schedulers.gap_fit``.
+    ``index`` (a :class:`PairIndex` of the same module, hardware and parallel
+    settings) saves rebuilding the module's maps when many pairs are read.
     """
-    dag = pair_dag(module, op, hw, parallel)
-    tasks = module.task_map()
+    if index is None:
+        index = PairIndex(module, hw, parallel)
+    dag = index.dag(op)
+    tasks = index.tasks
     deps = {t.name: tuple(dag.tasks[d].name for d in t.deps) for t in dag.tasks}
     ref = op.attrs.get("schedule")
     if ref is None:
@@ -133,10 +210,10 @@ def scheduled_tasks(module: Module, op: PlanOp, hw: Hardware, parallel: Parallel
             ScheduledTask(tasks[t.name], t.resource.value, order[i], deps[t.name]) for i, t in enumerate(dag.tasks)
         ]
     name = ref.name if isinstance(ref, SymbolRef) else str(ref)
-    found = [p for p in module.plan_ops("pair_schedule") if p.name == name]
-    if not found:
+    found = index.schedules.get(name)
+    if found is None:
         raise ProfileError(f"pair @{op.name} names schedule @{name}, but the module has no pair_schedule @{name}")
-    entries = {e.ref: e for e in found[0].entries}
+    entries = {e.ref: e for e in found.entries}
     missing = [t.name for t in dag.tasks if t.name not in entries]
     extra = sorted(set(entries) - set(deps))
     if missing or extra:
@@ -147,7 +224,7 @@ def scheduled_tasks(module: Module, op: PlanOp, hw: Hardware, parallel: Parallel
                 f"pair_schedule @{name} does not fit pair @{op.name}: it has {len(entries)} entries for "
                 f"{len(dag.tasks)} tasks (e.g. no entry for {missing[:1] or extra[:1]}); rerun overlap-schedule"
             )
-        return _by_position(module, op, dag, found[0], tasks, deps)
+        return _by_position(module, op, dag, found, tasks, deps)
     out = []
     for t in dag.tasks:
         e = entries[t.name]
@@ -174,7 +251,7 @@ def _by_position(module: Module, op: PlanOp, dag: PairDAG, sched: PlanOp, tasks:
 
 
 def _with_orders(items: list[ScheduledTask], attrs: dict[str, dict]) -> list[ScheduledTask]:
-    out = []
+    order: dict[str, int] = {}
     for r in (Resource.COMPUTE.value, Resource.COMM.value):
         on_stream = [s for s in items if s.stream == r]
 
@@ -183,21 +260,42 @@ def _with_orders(items: list[ScheduledTask], attrs: dict[str, dict]) -> list[Sch
             return (float(a.get("order", math.inf)), float(a.get("start", 0.0)), s.task.name)
 
         for k, s in enumerate(sorted(on_stream, key=key)):
-            out.append(replace(s, order=k))
-    position = {s.task.name: i for i, s in enumerate(items)}
-    return sorted(out, key=lambda s: position[s.task.name])
+            order[s.task.name] = k
+    # Items keep their own order; each gets its position on its stream.
+    return [ScheduledTask(s.task, s.stream, order[s.task.name], s.deps) for s in items if s.task.name in order]
 
 
 # ---------------------------------------------------------------------------
 # Analytic cost
 
 
-def contended_tasks(items: list[ScheduledTask], hw: Hardware, parallel: ParallelConfig) -> list[ContendedTask]:
+def contended_tasks(
+    items: list[ScheduledTask], hw: Hardware, parallel: ParallelConfig, index: PairIndex | None = None
+) -> list[ContendedTask]:
     out = []
     for s in items:
-        sm, mem = task_utilisation(s.task, hw, parallel)
-        out.append(ContendedTask(s.task.name, s.stream, task_duration_us(s.task, hw, parallel), s.order, s.deps, sm, mem))
+        if index is None:
+            sm, mem = task_utilisation(s.task, hw, parallel)
+            duration = task_duration_us(s.task, hw, parallel)
+        else:
+            (sm, mem), duration = index.utilisation(s.task), index.duration(s.task)
+        out.append(ContendedTask(s.task.name, s.stream, duration, s.order, s.deps, sm, mem))
     return out
+
+
+def retime_key(tasks: list[ContendedTask]) -> tuple | None:
+    """Everything :func:`passes.contention.retime` reads, without task names: per task (in
+    list order) its stream, duration, stream position, utilisations and the list positions
+    of its dependencies. Re-timing is name-blind (streams run in ``order``; no tie is
+    broken by name), so lists with equal keys have equal makespans and equal sums of
+    isolated durations (summed in the same order). None when names repeat or a
+    dependency is missing: such a list is re-timed on its own (and refused there)."""
+    position = {t.name: k for k, t in enumerate(tasks)}
+    if len(position) != len(tasks) or any(d not in position for t in tasks for d in t.deps):
+        return None
+    return tuple(
+        (t.resource, t.duration, t.order, t.sm_util, t.mem_util, tuple(position[d] for d in t.deps)) for t in tasks
+    )
 
 
 def analytic_cost(items: list[ScheduledTask], hw: Hardware, parallel: ParallelConfig) -> tuple[RetimedPair, RetimedPair]:
@@ -334,19 +432,32 @@ class ProfilePass(ModulePass):
         for key in MODULE_ATTRS:
             module.attrs.pop(key, None)
         if self.mode == "analytic":
-            self._analytic(module, pairs, parallel)
+            from passes.overlap_schedule import frozen_heap
+
+            with frozen_heap():  # many small objects: keep the collector off the big heap
+                self._analytic(module, pairs, parallel)
         else:
             self._measured(module, pairs, parallel)
         return True
 
     def _analytic(self, module: Module, pairs: list[PlanOp], parallel: ParallelConfig) -> None:
         hw = load_hardware(self.hardware)
+        index = PairIndex(module, hw, parallel)
+        contention, free_params = ContentionParams.from_hardware(hw, parallel.ep), ContentionParams.none()
+        # Pairs that share a schedule usually have identical re-timing inputs up to task
+        # names; each distinct input is re-timed once (see retime_key).
+        costs: dict[tuple, tuple[float, float, float]] = {}
         for op in pairs:
-            items = scheduled_tasks(module, op, hw, parallel)
-            contended, free = analytic_cost(items, hw, parallel)
+            tasks = contended_tasks(scheduled_tasks(module, op, hw, parallel, index), hw, parallel, index)
+            key = retime_key(tasks)
+            cost = costs.get(key) if key is not None else None
+            if cost is None:
+                contended, free = retime(tasks, contention), retime(tasks, free_params)
+                cost = (contended.makespan, contended.isolated_sum, free.makespan)
+                if key is not None:
+                    costs[key] = cost
             op.attrs.update(
-                cost_us=contended.makespan, cost_source="analytic", serial_us=contended.isolated_sum,
-                overlap_us=free.makespan, profile_hardware=hw.name,
+                cost_us=cost[0], cost_source="analytic", serial_us=cost[1], overlap_us=cost[2], profile_hardware=hw.name,
             )
         module.attrs.update(profile_mode="analytic", profile_hardware=hw.name, profile_pairs=len(pairs))
 
@@ -378,7 +489,8 @@ class ProfilePass(ModulePass):
                 )
             dev_parallel = replace(parallel, dtype=dtype, ep=world)
             # Full-size schedules on the device's hardware: durations for the auto scale.
-            items = {op.name: scheduled_tasks(module, op, hw, dev_parallel) for op in pairs}
+            index = PairIndex(module, hw, dev_parallel)
+            items = {op.name: scheduled_tasks(module, op, hw, dev_parallel, index) for op in pairs}
             scale = self._scale(items, hw, dev_parallel)
             versions = software_versions()
             plans = []

@@ -331,3 +331,176 @@ def test_golden_round_trips_through_the_parser() -> None:
     assert check_plan_schedules(module) == 1
     sched = schedule_from_plan(module, "sched.0")
     check_pair_schedule(sched)
+
+
+# --- speed-ups that must not change results --------------------------------------------------
+
+
+def sweep_reference(tasks: list) -> list[int] | None:
+    """The sweep order spelled out literally: pass over the unplaced tasks in list order,
+    placing each whose in-list dependencies are placed, until none is left (None: stuck)."""
+    names = {t.name for t in tasks}
+    done: set[str] = set()
+    pending = list(range(len(tasks)))
+    out: list[int] = []
+    while pending:
+        placed_any = False
+        for k in list(pending):
+            if all(d in done or d not in names for d in tasks[k].deps):
+                out.append(k)
+                done.add(tasks[k].name)
+                pending.remove(k)
+                placed_any = True
+        if not placed_any:
+            return None
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_sweep_order_matches_literal_sweeps(data: st.DataObject) -> None:
+    from passes.pair_dag import _sweep_order
+    from tessera_ir.kinds import Phase, TaskOp
+    from tessera_ir.model import Task
+
+    n = data.draw(st.integers(0, 14))
+    perm = data.draw(st.permutations(range(n)))  # list order; dependencies follow a hidden order
+    cyclic = n > 1 and data.draw(st.booleans())
+    tasks = []
+    for pos in range(n):
+        rank = perm[pos]
+        earlier = [f"t{perm[q]}" for q in range(n) if perm[q] < rank]
+        deps = data.draw(st.lists(st.sampled_from(earlier), max_size=3, unique=True)) if earlier else []
+        if cyclic and rank == 0:
+            deps = [f"t{n - 1}"]  # the first task waits for the last one: a cycle
+        deps.append("outside")  # dependencies outside the list are ready inputs
+        tasks.append(Task(f"t{rank}", TaskOp.ROUTER, Phase.FWD, Resource.COMPUTE, deps=deps))
+    assert _sweep_order(tasks) == sweep_reference(tasks)
+
+
+def test_dependency_cycle_is_still_reported() -> None:
+    module = synthetic_module(QWEN3_NEXT_PATTERN[:2], parallel=ParallelConfig(ep=8))
+    layer = module.decoder_layers()[0]
+    fwd = [t for t in layer.tasks if t.phase.value == "fwd"]
+    fwd[0].deps = [fwd[-1].name]
+    hw = load_hardware("h100")
+    with pytest.raises(ValueError, match="dependency cycle among tasks .* of pair 'p'"):
+        build_pair_dag([layer], [], lambda t: task_duration_us(t, hw, ParallelConfig(ep=8)), "p")
+
+
+def extensions_reference(members: list[int], mask: dict[int, int]) -> list[list[int]]:
+    out: list[list[int]] = []
+
+    def dfs(prefix: list[int], placed: int) -> None:
+        if len(prefix) == len(members):
+            out.append(list(prefix))
+        for i in members:
+            if not (placed >> i) & 1 and mask[i] & ~placed == 0:
+                dfs(prefix + [i], placed | (1 << i))
+
+    dfs([], 0)
+    return out
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pair_dags(max_tasks=14), st.sampled_from([1, 5, 40]))
+def test_stream_orders_are_all_linear_extensions_or_a_sample(dag: PairDAG, limit: int) -> None:
+    import random
+
+    ctx = ps._Ctx(dag)
+    members = [i for i in range(ctx.n) if ctx.res[i] == 1]
+    bl = ps.bottom_levels(dag)
+    rng = random.Random(3)
+    chains = ps._linear_extensions(ctx, members, limit, rng, bl)
+    anc = [0] * ctx.n
+    for i in range(ctx.n):
+        for d in ctx.preds[i]:
+            anc[i] |= anc[d] | (1 << d)
+    mask = {i: sum(1 << j for j in members if (anc[i] >> j) & 1) for i in members}
+    every = extensions_reference(members, mask)
+    assert ps._count_extensions(members, mask, limit + 2) == min(len(every), limit + 2)
+    if len(every) <= limit + 1:
+        assert chains == every  # all of them, in depth-first order
+    else:
+        assert len(chains) <= limit and len({tuple(c) for c in chains}) == len(chains)
+        assert all(c in every for c in chains)
+        greedy: list[int] = []  # the first sample: always the ready member of highest bottom level
+        while len(greedy) < len(members):
+            ready = [i for i in members if i not in greedy and all(j in greedy for j in members if (mask[i] >> j) & 1)]
+            greedy.append(min(ready, key=lambda i: (-bl[i], dag.tasks[i].name)))
+        assert chains[0] == greedy
+
+
+def test_bulk_draws_match_randrange_and_leave_the_generator_alike() -> None:
+    import random
+
+    mine, theirs = random.Random(11), random.Random(11)
+    draws = ps._Draws(mine)
+    sizes = [random.Random(k).choice([1, 2, 3, 7, 31, 32, 33, 1000]) for k in range(3 * ps._Draws.CHUNK)]
+    assert [draws.below(n) for n in sizes] == [theirs.randrange(n) for n in sizes]
+    draws.sync()
+    assert mine.random() == theirs.random()
+
+
+def test_fixed_template_runs_leftover_layers_in_dependency_order() -> None:
+    # A forward-only pair whose first-listed layer waits for a task of the second one:
+    # the leftover layers (no backward partner) must still respect that dependency.
+    dag = PairDAG(
+        "odd",
+        [
+            PairTask("a0", "x.fwd", C, 2.0, (), FWD, "la"),
+            PairTask("b0", "y.fwd", M, 1.0, (), FWD, "lb"),
+            PairTask("a1", "z.fwd", C, 1.0, (1,), FWD, "la"),  # layer la waits for layer lb
+        ],
+    )
+    sched = ps.fixed_template(dag)
+    check_pair_schedule(sched)
+    assert sched.start[2] >= sched.finish(1)
+
+
+def many_pairs_module() -> Module:
+    pairs = [([f"l{i}"], [f"l{j}"]) for i in range(4) for j in range(4)]
+    pairs += [(["l0", "l1"], ["l2", "l3"]), (["embed", "l0"], ["l3", "head"]), ([], ["l1", "l2"]), (["l2"], [])]
+    return paired_module(pairs)
+
+
+def test_worker_processes_give_identical_results(monkeypatch: pytest.MonkeyPatch) -> None:
+    import passes.overlap_schedule as overlap
+
+    monkeypatch.setattr(overlap, "MIN_TASKS_PER_WORKER", 1)
+    alone, spread = many_pairs_module(), many_pairs_module()
+    OverlapSchedulePass(jobs=1).apply(alone)
+    OverlapSchedulePass(jobs=2).apply(spread)
+    assert len(alone.plan_ops("pair_schedule")) >= 4
+    assert print_module(spread) == print_module(alone)
+    with pytest.raises(PassError, match="jobs must be"):
+        OverlapSchedulePass(jobs=-1).apply(many_pairs_module())
+
+
+def test_worker_processes_report_a_corrupted_schedule_like_one_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    import passes.overlap_schedule as overlap
+
+    def broken(dag: PairDAG) -> ps.PairSchedule:
+        return ps.PairSchedule(dag, [0.0] * len(dag.tasks), "gap-fit")
+
+    monkeypatch.setattr(overlap, "MIN_TASKS_PER_WORKER", 1)
+    monkeypatch.setitem(ps.SCHEDULERS, "gap-fit", broken)
+    messages = []
+    for jobs in (1, 2):
+        with pytest.raises(ScheduleError) as info:
+            OverlapSchedulePass(jobs=jobs).apply(many_pairs_module())
+        messages.append(str(info.value))
+    assert messages[0] == messages[1] and "pair_schedule @sched.0" in messages[0]
+
+
+def test_grouping_by_side_signatures_is_grouping_by_dag_signature() -> None:
+    from passes.overlap_schedule import dag_signature, duration_fn, pair_dag
+
+    module = many_pairs_module()
+    OverlapSchedulePass().apply(module)
+    duration = duration_fn(module, "h100")
+    by_signature: dict = {}
+    for op in module.plan_ops("pair"):
+        by_signature.setdefault(dag_signature(pair_dag(module, op, duration)), []).append(op.name)
+    groups = [[ref.name for ref in s.attrs["pairs"]] for s in module.plan_ops("pair_schedule")]
+    assert groups == list(by_signature.values())

@@ -391,3 +391,49 @@ def test_a_rerun_replaces_the_other_modes_figures_and_the_ir_round_trips(countin
     run(m, "profile{mode=analytic}")
     assert "measured_us" not in m.plan_ops("pair")[0].attrs and "profile_error_mean" not in m.attrs
     assert m.plan_ops("pair")[0].attrs["cost_source"] == "analytic"
+
+
+def test_pairs_sharing_a_retiming_get_exactly_their_own_figures():
+    # The pass re-times each distinct (name-free) input once and copies the result; every
+    # pair must get exactly what re-timing it alone gives.
+    from passes.profile import analytic_cost, retime_key
+
+    m = synthetic_module(KINDS * 2, gemm_flops=10**12, a2a_bytes=2 * 10**8, parallel=ParallelConfig(ep=8))
+    for k, (f, b) in enumerate([(["l0"], ["l1"]), (["l2"], ["l3"]), (["l4"], ["l5"]), (["l0", "l1"], ["l6"]),
+                                (["l4", "l5"], ["l2"]), (["embed", "l0"], ["l7", "head"]), ([], ["l3"])]):
+        m.plan.append(PlanOp("pair", f"pair.{k}", {"fwd": refs(*f), "bwd": refs(*b)}))
+    run(m, "overlap-schedule,profile")
+    parallel = ParallelConfig.from_attrs(m.attrs)
+    keys = set()
+    for op in m.plan_ops("pair"):
+        items = scheduled_tasks(m, op, H100, parallel)
+        contended, free = analytic_cost(items, H100, parallel)
+        assert op.attrs["cost_us"] == contended.makespan
+        assert op.attrs["serial_us"] == contended.isolated_sum
+        assert op.attrs["overlap_us"] == free.makespan
+        keys.add(retime_key(contended_tasks(items, H100, parallel)))
+    assert len(keys) < len(m.plan_ops("pair"))  # some pairs did share
+
+
+def test_retime_key_ignores_names_but_not_order_or_work():
+    from dataclasses import replace
+
+    from passes.contention import ContendedTask
+    from passes.profile import retime_key
+
+    tasks = [ContendedTask("a", "compute", 5.0, 0), ContendedTask("b", "comm", 3.0, 0, ("a",)),
+             ContendedTask("c", "compute", 2.0, 1, ("b",), 0.5, 1.0)]
+    renamed = [replace(t, name=t.name.upper(), deps=tuple(d.upper() for d in t.deps)) for t in tasks]
+    assert retime_key(renamed) == retime_key(tasks)
+    assert retime_key([tasks[0], tasks[1], replace(tasks[2], deps=("a",))]) != retime_key(tasks)
+    assert retime_key([tasks[0], tasks[1], replace(tasks[2], mem_util=0.9)]) != retime_key(tasks)
+    swapped = [replace(tasks[0], order=1), tasks[1], replace(tasks[2], order=0, deps=())]
+    assert retime_key(swapped) != retime_key(tasks)
+
+
+def test_retime_key_refuses_lists_that_retime_refuses():
+    from passes.contention import ContendedTask
+    from passes.profile import retime_key
+
+    assert retime_key([ContendedTask("a", "compute", 1.0, 0), ContendedTask("a", "comm", 1.0, 0)]) is None
+    assert retime_key([ContendedTask("a", "compute", 1.0, 0, ("ghost",))]) is None

@@ -157,3 +157,77 @@ def test_edited_ir_schedule_is_rejected() -> None:
         check_plan_schedules(module)
     assert "l0.expert_gemm.fwd" in info.value.tasks
     assert info.value.constraint in ("dependency", "exclusive")
+
+
+@pytest.mark.parametrize(
+    "value", [0.0, 1.0, -2.0, 0.1, 1e-6, -1e-9, 12345.678901, 2.0**-40, 3.0e12, 5e-324, -(2.0**60) + 0.5]
+)
+def test_smt_literals_are_the_floats_exact_values(value: float) -> None:
+    # Times reach z3 as SMT-LIB2 text; the literal must be the float's exact binary value.
+    from fractions import Fraction
+
+    import z3
+
+    from passes.schedule_check import _real
+
+    parsed = z3.simplify(z3.parse_smt2_string(f"(declare-fun x () Real) (assert (= x {_real(Fraction(value))}))")[0].arg(1))
+    assert z3.is_rational_value(parsed)
+    assert Fraction(parsed.as_fraction()) == Fraction(value)
+
+
+def big_schedule() -> tuple[PairDAG, PairSchedule]:
+    module = synthetic_module(QWEN3_NEXT_PATTERN * 2, parallel=ParallelConfig(ep=8))
+    layers = module.decoder_layers()
+    from passes.cost_model import load_hardware, task_duration_us
+    from passes.pair_dag import build_pair_dag
+
+    hw = load_hardware("h100")
+    dag = build_pair_dag(layers[:4], layers[4:], lambda t: task_duration_us(t, hw, ParallelConfig(ep=8)), "big")
+    due = {i: 0.9 * dag.serial_time() for i, t in enumerate(dag.tasks) if t.movable}
+    dag = PairDAG(dag.name, [dataclasses.replace(t, deadline=due.get(i)) for i, t in enumerate(dag.tasks)])
+    return dag, gap_fit(dag)
+
+
+def test_each_corruption_of_a_large_schedule_names_its_constraint() -> None:
+    # The SMT-LIB encoding of a 100+-task pair: every kind of damage is reported as that
+    # constraint, with the task(s) it concerns.
+    dag, sched = big_schedule()
+    good = entries_of(sched)
+    check_schedule(dag, good)
+    by_name = {e.task: k for k, e in enumerate(good)}
+    compute = sched.stream_order(Resource.COMPUTE)
+    first = dag.tasks[compute[0]].name
+    # A task with a predecessor on the other stream, moved to start before that predecessor ends.
+    j = next(j for j, t in enumerate(dag.tasks) if t.deps and dag.tasks[t.deps[0]].resource is not t.resource)
+    pred, late = dag.tasks[dag.tasks[j].deps[0]].name, dag.tasks[j].name
+    movable = next(i for i, t in enumerate(dag.tasks) if t.movable)
+
+    def edit(name: str, **changes: object) -> list[ScheduleEntry]:
+        out = list(good)
+        out[by_name[name]] = dataclasses.replace(out[by_name[name]], **changes)  # type: ignore[arg-type]
+        return out
+
+    cases = [
+        (edit(first, stream="comm"), "stream", {first}),
+        (edit(first, duration=good[by_name[first]].duration + 1.0), "duration", {first}),
+        (edit(first, start=-1.0), "non-negative", {first}),
+        ([e for e in good if e.task != first], "placed-once", {first}),
+        (good + [good[by_name[first]]], "placed-once", {first}),
+        (edit(dag.tasks[movable].name, start=dag.serial_time()), "deadline", {dag.tasks[movable].name}),
+    ]
+    for ents, constraint, tasks in cases:
+        with pytest.raises(ScheduleError) as info:
+            check_schedule(dag, ents, where="pair_schedule @sched.3")
+        assert info.value.constraint == constraint, str(info.value)
+        assert set(info.value.tasks) == tasks, str(info.value)
+        assert "pair_schedule @sched.3" in str(info.value) and f"violates {constraint}" in str(info.value)
+    # Starting a task while its predecessor still runs breaks that dependency (and possibly
+    # exclusivity on its stream, which sorts after it).
+    with pytest.raises(ScheduleError) as info:
+        check_schedule(dag, edit(late, start=good[by_name[pred]].start))
+    assert info.value.constraint == "dependency" and pred in info.value.tasks and late in info.value.tasks
+    # Two neighbours on a stream made to overlap.
+    a, b = compute[5], compute[6]
+    with pytest.raises(ScheduleError) as info:
+        check_schedule(dag, edit(dag.tasks[b].name, start=good[a].start + 0.5 * dag.tasks[a].duration))
+    assert info.value.constraint in ("dependency", "exclusive") and dag.tasks[b].name in info.value.tasks
