@@ -57,10 +57,10 @@ from dataclasses import dataclass
 
 from passes.cost_model import load_hardware, task_duration_us
 from passes.manager import ModulePass, PassError
-from passes.pair_dag import BWD, FWD, PairDAG, PairTask, build_pair_dag, join_sides, side_tasks
+from passes.pair_dag import BWD, FWD, PairDAG, PairTask, build_pair_dag, join_sides, pair_side_layers, side_tasks
 from passes.pair_schedulers import SCHEDULERS, PairSchedule
 from passes.schedule_check import ScheduleEntry, ScheduleError, check_schedule, entries_of
-from tessera_ir.model import Layer, Module, PlanEntry, PlanOp, SymbolRef, Task
+from tessera_ir.model import Module, PlanEntry, PlanOp, SymbolRef, Task
 from tessera_ir.parallel import ParallelConfig
 
 METHODS = ("gap-fit", "serial", "fixed-template", "exact")
@@ -82,28 +82,11 @@ def duration_fn(module: Module, hardware: str) -> Callable[[Task], float]:
     return duration
 
 
-def _pair_layers(module: Module, op: PlanOp, side: str) -> list[Layer]:
-    layers = {layer.name: layer for layer in module.layers}
-    value = op.attrs.get(side, [])
-    if not isinstance(value, list):
-        raise PassError(f"pair @{op.name}: attribute '{side}' must be a list of layer references like [@l0, @l1]")
-    out = []
-    for ref in value:
-        name = ref.name if isinstance(ref, SymbolRef) else None
-        if name is None or name not in layers:
-            raise PassError(
-                f"pair @{op.name}: '{side}' names {ref!r}, which is no layer of module @{module.name}; "
-                "list layers as @name (e.g. @l0)"
-            )
-        out.append(layers[name])
-    return out
-
-
 def pair_dag(module: Module, op: PlanOp, duration: Callable[[Task], float]) -> PairDAG:
     """The DAG of one ``pair`` op."""
     if "fwd" not in op.attrs and "bwd" not in op.attrs:
         raise PassError(f"pair @{op.name} has neither 'fwd' nor 'bwd'; a pair lists its forward and backward layers")
-    return build_pair_dag(_pair_layers(module, op, "fwd"), _pair_layers(module, op, "bwd"), duration, name=op.name)
+    return build_pair_dag(pair_side_layers(module, op, "fwd"), pair_side_layers(module, op, "bwd"), duration, name=op.name)
 
 
 def dag_signature(dag: PairDAG) -> Signature:
@@ -412,7 +395,7 @@ class _SideCache:
         self.ids: dict[Signature, int] = {}
 
     def side(self, op: PlanOp, key: str) -> tuple[list[PairTask], int]:
-        layers = _pair_layers(self.module, op, key)
+        layers = pair_side_layers(self.module, op, key)
         cache_key = (key, tuple(layer.name for layer in layers))
         hit = self.sides.get(cache_key)
         if hit is None:

@@ -59,7 +59,7 @@ from dataclasses import dataclass, replace
 from passes.contention import ContendedTask, ContentionParams, RetimedPair, retime
 from passes.cost_model import Hardware, load_hardware, task_duration_us, task_utilisation
 from passes.manager import ModulePass, PassError
-from passes.pair_dag import BWD, FWD, PairDAG, PairTask, build_pair_dag, join_sides, side_tasks
+from passes.pair_dag import BWD, FWD, PairDAG, PairTask, build_pair_dag, join_sides, pair_side_layers, side_tasks
 from passes.profile_cache import CacheEntry, ProfileCache, cache_key, resolve_cache_dir, software_versions
 from tessera_ir.errors import TesseraError
 from tessera_ir.kinds import Resource
@@ -164,23 +164,9 @@ class PairIndex:
         return PairDAG(op.name, fwd + self._joined[joined_key])
 
 
-def _layers(module: Module, op: PlanOp, key: str) -> list[Layer]:
-    by_name = {layer.name: layer for layer in module.layers}
-    refs = op.attrs.get(key, [])
-    if not isinstance(refs, list):
-        raise ProfileError(f"pair @{op.name}: '{key}' must be a list of layer references, got {refs!r}")
-    out = []
-    for ref in refs:
-        name = ref.name if isinstance(ref, SymbolRef) else str(ref)
-        if name not in by_name:
-            raise ProfileError(f"pair @{op.name}: '{key}' names @{name}, which is not a layer of the module")
-        out.append(by_name[name])
-    return out
-
-
 def pair_dag(module: Module, op: PlanOp, hw: Hardware, parallel: ParallelConfig) -> PairDAG:
     return build_pair_dag(
-        _layers(module, op, "fwd"), _layers(module, op, "bwd"),
+        pair_side_layers(module, op, "fwd"), pair_side_layers(module, op, "bwd"),
         lambda t: task_duration_us(t, hw, parallel), name=op.name,
     )
 

@@ -11,8 +11,8 @@ from tessera.io import write_atomic
 from tessera_ir import Module, print_module
 
 # The planning pipeline `tessera-compile` runs after capture, in the order of
-# DESIGN.md. Empty while a stage is not part of the product yet.
-DEFAULT_PIPELINE = ""
+# DESIGN.md (dbo-slots and pipeline come later).
+DEFAULT_PIPELINE = "candidates,overlap-schedule,profile,partition"
 
 
 def capture(source: Any, **parallel: Any) -> Module:

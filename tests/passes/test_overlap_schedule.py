@@ -13,7 +13,7 @@ from passes import pair_schedulers as ps
 from passes.cost_model import load_hardware, task_duration_us
 from passes.manager import PassError, PassManager, parse_pipeline
 from passes.overlap_schedule import OverlapSchedulePass, check_plan_schedules, schedule_from_plan
-from passes.pair_dag import BWD, FWD, PairDAG, PairTask, build_pair_dag
+from passes.pair_dag import BWD, FWD, PairDAG, PairSpecError, PairTask, build_pair_dag
 from passes.schedule_check import ScheduleError, check_pair_schedule
 from tessera_ir.kinds import Resource
 from tessera_ir.model import Module, PlanOp, SymbolRef
@@ -285,7 +285,7 @@ def test_pass_rejects_a_corrupted_schedule(monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_pass_errors_name_the_pair() -> None:
     module = paired_module([(["l0"], ["nope"])])
-    with pytest.raises(PassError, match="pair @pair.0: 'bwd' names .*nope"):
+    with pytest.raises(PairSpecError, match="pair @pair.0: 'bwd' names .*nope"):
         OverlapSchedulePass().apply(module)
     with pytest.raises(PassError, match="unknown method"):
         OverlapSchedulePass(method="magic").apply(paired_module([(["l0"], ["l1"])]))
