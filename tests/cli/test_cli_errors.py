@@ -138,3 +138,33 @@ def test_opt_dump_after_and_timing(tmp_path: Path, capsys: pytest.CaptureFixture
     assert [p.name for p in dumps.iterdir()] == ["01-verify.tir"]
     assert "pass verify" in err and "parse" in err
     assert out == tir.read_text()
+
+
+def test_outputs_get_ordinary_file_permissions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+
+    out = tmp_path / "tiny.tir"
+    code, _, err = run_compile(capsys, TINY, "--passes", "none", "-o", str(out))
+    assert code == 0, err
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+@pytest.mark.slow
+def test_default_pipeline_plans_the_tiny_model_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Capture, candidates, overlap-schedule, profile, partition: a plan that prints, reports and round-trips."""
+    plan, partition = tmp_path / "plan.tir", tmp_path / "partition.json"
+    code, out, err = run_compile(capsys, TINY, "-o", str(plan), "--partition-json", str(partition), "--report")
+    assert code == 0, err
+    data = json.loads(partition.read_text())
+    assert [s["stage"] for s in data["stages"]] == [0, 1, 2, 3]  # PARALLEL: pp=2, vpp=2
+    covered = [layer for s in data["stages"] for layer in s["layers"] if layer.startswith("l")]
+    assert covered == [f"l{i}" for i in range(8)]
+    assert "Bottleneck:" in out and "--pipeline-model-parallel-layout" in out
+    text = plan.read_text()
+    assert "plan pair_schedule @sched.0" in text and "verified = true" in text
+    again = tmp_path / "again.tir"
+    code, _, err = run_opt(capsys, str(plan), "--passes=verify", "-o", str(again))
+    assert code == 0, err
+    assert again.read_bytes() == plan.read_bytes()
