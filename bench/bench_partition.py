@@ -313,7 +313,7 @@ def pass_costs(module: Module, memory_limited: bool = True) -> dict:
     out = partition_to_json(module)
     balanced = out.get("balanced_bottleneck_us")
     return {
-        "passes_window_us": out["bottleneck_us"],
+        "passes_window_us": round(out["bottleneck_us"], 1),
         "passes_balanced_us": balanced,
         "passes_ratio_balanced_over_window": round(balanced / out["bottleneck_us"], 4) if balanced else None,
         "passes_s": round(time.perf_counter() - t, 2),

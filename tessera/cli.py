@@ -131,6 +131,11 @@ def _compile(args: argparse.Namespace) -> int:
 
     if not (args.output or args.summary_json or args.partition_json or args.report):
         raise TesseraError("nothing to do: give -o FILE, --summary-json FILE, --partition-json FILE or --report")
+    if args.output and args.output.endswith(".tsb"):
+        raise TesseraError(
+            f"-o {args.output}: this version emits textual IR only (--emit ir); bytecode (.tsb) comes with the "
+            "runtime; write the plan as .tir"
+        )
     pipeline = DEFAULT_PIPELINE if args.passes is None else ("" if args.passes == "none" else args.passes)
     dump = _dump_callback(args.dump_after, args.dump_dir)
     parallel = {flag.lstrip("-").replace("-", "_"): getattr(args, flag.lstrip("-").replace("-", "_")) for flag, _, _ in PARALLEL_FLAGS}
