@@ -105,6 +105,14 @@ def main() -> int:
     print(f"calibrating the local CPU (cache {cache_dir}) ...", file=sys.stderr)
     hw = cpu_hardware(cache_dir, quick=args.quick, statistic=args.statistic)
     t_cal = time.perf_counter() - t0
+    cont = hw.extra.get("contention", {})
+    print(
+        f"calibrated: fp32 {hw.peak_tflops['fp32'] * 1e3:.0f} GFLOP/s, task overhead {hw.kernel_launch_us:.0f} µs, "
+        f"copy {hw.hbm_gbps:.1f} GB/s, a2a {hw.a2a_latency_us:.0f} µs + {hw.a2a_gbps(2):.2f} GB/s, "
+        f"pair overhead {hw.extra.get('pair_overhead_us', 0.0):.0f} µs; contention: "
+        + ", ".join(f"{k} {v:.3g}" for k, v in cont.items() if not isinstance(v, bool)),
+        file=sys.stderr,
+    )
 
     sources = [
         ("tiny", "examples/tiny_qwen3_next.py", None),

@@ -5,7 +5,8 @@ files give for GPUs. They are measured here with the pair executor itself —
 the same processes, threads and collectives that measured profiling uses — so
 the analytic model and the measurements it is compared against share one
 reference. Every reading is the median (or, on request, the fastest) of several repeats,
-matching the statistic the measured pairs are compared by.
+matching the statistic the measured pairs are compared by (the comm thread's wait for a
+core is the exception: a mean, see below).
 
 - matrix-multiply throughput and per-task overhead per dtype (fp32, bf16,
   fp16), fitted as ``t = launch + flops / peak`` over square GEMMs from tiny
@@ -19,9 +20,10 @@ matching the statistic the measured pairs are compared by.
   delay (``contention.cross_stream_sync_us``) and the executor's fixed cost per
   pair (``pair_overhead_us``);
 - contention (see ``passes/contention.py``): a GEMM and a copy each timed
-  beside a longer All-to-All, and an All-to-All timed beside a longer GEMM and
-  a longer copy → ``sm_share_lost``, ``comm_hbm_share``,
-  ``comm_slowdown_per_compute``, ``comm_slowdown_per_memory``.
+  beside a longer All-to-All, a small All-to-All beside a much longer GEMM (the
+  comm thread's wait for a core, ``comm_wait_beside_compute_us``), and a large
+  All-to-All beside a longer GEMM and a longer copy → ``sm_share_lost``,
+  ``comm_hbm_share``, ``comm_slowdown_per_compute``, ``comm_slowdown_per_memory``.
 
 The result is written as a hardware JSON file under
 ``<cache dir>/hardware/cpu-<hash>.json`` (hash over the CPU model, process and
@@ -44,7 +46,10 @@ from runtime.pair_executor import ExecTask, PairExecutor, cpu_model_name, defaul
 from tessera_ir.kinds import TaskOp
 
 WORLD_SIZE = 2
-CALIBRATION_VERSION = 4
+CALIBRATION_VERSION = 5
+# Length of the GEMM a small All-to-All is timed beside to read the comm thread's wait
+# for a processor: several scheduler time slices (a few ms each), doubled while too short.
+WAIT_COVER_US = 20_000.0
 
 
 def cpu_device_description(world_size: int = WORLD_SIZE, threads_per_rank: int | None = None) -> str:
@@ -157,7 +162,6 @@ def calibrate(executor: PairExecutor, quick: bool = False, statistic: str = "med
     slope = max(slope, 1e-6)  # µs per byte; guards against a noisy non-increasing fit
     a2a_gbps = 1.0 / slope / 1e3
     latency_us = max(1.0, latency_us)
-    t_large = times[-1]
 
     # Cross-stream hand-off and the executor's fixed cost per pair: a ping-pong chain
     # (tiny GEMM -> small All-to-All -> tiny GEMM ...) is fully serial, so its wall time
@@ -191,15 +195,40 @@ def calibrate(executor: PairExecutor, quick: bool = False, statistic: str = "med
     beside = task_time([_copy("c", copy_bytes), _a2a("a", a2a_cover)], "c", repeats)
     comm_hbm_share = min(0.9, max(0.0, 1.0 - copy_alone / beside))
 
+    # A comm thread beside a busy compute thread (on every rank: as many busy threads as
+    # cores) first waits for a processor, then runs somewhat slower. The wait is additive
+    # (about one scheduler time slice), so it is read from a small, latency-bound
+    # All-to-All beside a much longer GEMM: t_beside = t_alone + wait. The stretch is read
+    # from the large one, after taking the same wait off: t_beside = wait + t_alone (1 + s).
+    def cover_n(us: float) -> int:  # a GEMM of about ``us`` microseconds (time ~ n^3)
+        return max(n_gemm, int(n_gemm * (us / gemm_alone) ** (1 / 3)))
+
+    # The reading is the All-to-All's end time from the pair's start, not its duration:
+    # the comm thread's own wake-up waits for a core too, before its timer starts. The
+    # wait is paid by some All-to-Alls and not by others (whether the scheduler lets the
+    # comm thread preempt at once), so it is read as a mean, the expectation that a
+    # pair's many comm tasks add up, whatever the statistic of the other readings.
+    def wait_reading(tasks: list[ExecTask], n: int) -> float:
+        return executor.measure(tasks, repeats=n, warmup=1).task_end_mean_us["a"]
+
+    small_alone = wait_reading([_a2a("a", sizes[2])], 3 * repeats)
+    cover_us = WAIT_COVER_US
+    for _ in range(3):
+        beside = wait_reading([_a2a("a", sizes[2]), _gemm("g", cover_n(cover_us), dtype)], 3 * repeats)
+        if beside < 0.5 * cover_us:  # the GEMM outlasted the wait: a clean reading
+            break
+        cover_us *= 2  # the wait ran into the end of the GEMM: measure again beside a longer one
+    comm_wait_us = max(0.0, beside - small_alone)
+
+    # Read by end times as well, so that the wait taken off is the one that was measured.
     a2a_bytes = large
-    a2a_alone = t_large
-    # A GEMM about three times longer than the All-to-All (time ~ n^3).
-    n_cover = max(n_gemm, int(n_gemm * (3 * a2a_alone / gemm_alone) ** (1 / 3)))
-    beside = task_time([_a2a("a", a2a_bytes), _gemm("g", n_cover, dtype)], "a", repeats)
-    comm_slowdown_per_compute = max(0.0, beside / a2a_alone - 1.0)
-    copy_cover = int(min(512 << 20, copy_bytes * 3 * a2a_alone / copy_alone))
-    beside = task_time([_a2a("a", a2a_bytes), _copy("c", copy_cover)], "a", repeats)
-    comm_slowdown_per_memory = max(0.0, beside / a2a_alone - 1.0)
+    a2a_alone = wait_reading([_a2a("a", a2a_bytes)], repeats)
+    # A GEMM about three times longer than the All-to-All and its wait.
+    beside = wait_reading([_a2a("a", a2a_bytes), _gemm("g", cover_n(3 * (a2a_alone + comm_wait_us)), dtype)], repeats)
+    comm_slowdown_per_compute = max(0.0, (beside - comm_wait_us) / a2a_alone - 1.0)
+    copy_cover = int(min(512 << 20, copy_bytes * 3 * (a2a_alone + comm_wait_us) / copy_alone))
+    beside = wait_reading([_a2a("a", a2a_bytes), _copy("c", copy_cover)], repeats)
+    comm_slowdown_per_memory = max(0.0, (beside - comm_wait_us) / a2a_alone - 1.0)
 
     try:
         memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
@@ -239,6 +268,7 @@ def calibrate(executor: PairExecutor, quick: bool = False, statistic: str = "med
             "comm_slowdown_per_compute": comm_slowdown_per_compute,
             "comm_slowdown_per_memory": comm_slowdown_per_memory,
             "cross_stream_sync_us": sync_us,
+            "comm_wait_beside_compute_us": comm_wait_us,
             "calibrated": True,
         },
         "calibration": {

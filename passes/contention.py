@@ -37,6 +37,16 @@ While a compute task runs beside it, a communication task progresses at
 for a core behind a compute-bound one). A task running alone progresses at
 rate 1, so without overlap the model gives the isolated durations exactly.
 
+A communication task that finds the compute stream busy may first have to wait
+for a processor: ``comm_wait_beside_compute_us`` (0 on GPUs, whose comm kernels
+own their SMs). On a CPU with as many busy compute threads as cores, the comm
+thread is runnable but not running until the scheduler preempts a compute
+thread (about one time slice, milliseconds) — an additive delay, not a
+stretch, so it dominates small All-to-Alls and barely matters for large ones.
+The comm task makes no progress (and takes nothing from its neighbour) during
+that wait, which is spent only while a compute task runs: when the compute
+stream idles the comm thread gets a core at once and the wait is over.
+
 A dependency that crosses streams costs ``cross_stream_sync_us`` before the
 waiting task may start (a CUDA stream waiting on an event: a few µs, left at 0
 for GPUs; a CPU thread woken by another: tens to hundreds of µs, calibrated).
@@ -80,13 +90,16 @@ class ContentionParams:
     comm_slowdown_per_compute: float  # comm stretch per unit of neighbour SM utilisation
     comm_slowdown_per_memory: float  # comm stretch per unit of neighbour memory utilisation
     cross_stream_sync_us: float = 0.0  # delay before a task whose dependency ran on the other stream may start
+    comm_wait_beside_compute_us: float = 0.0  # a comm task's wait for a processor while compute runs
 
     def __post_init__(self) -> None:
         for name in ("sm_share_lost", "comm_hbm_share"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
                 raise ContentionError(f"contention parameter {name} = {value} must lie in [0, 1)")
-        for name in ("comm_slowdown_per_compute", "comm_slowdown_per_memory", "cross_stream_sync_us"):
+        for name in (
+            "comm_slowdown_per_compute", "comm_slowdown_per_memory", "cross_stream_sync_us", "comm_wait_beside_compute_us",
+        ):
             if getattr(self, name) < 0.0:
                 raise ContentionError(f"contention parameter {name} = {getattr(self, name)} must be >= 0")
 
@@ -113,6 +126,7 @@ class ContentionParams:
             comm_slowdown_per_compute=float(block.get("comm_slowdown_per_compute", DEFAULT_COMM_SLOWDOWN_PER_COMPUTE)),
             comm_slowdown_per_memory=float(block.get("comm_slowdown_per_memory", DEFAULT_COMM_SLOWDOWN_PER_MEMORY)),
             cross_stream_sync_us=float(block.get("cross_stream_sync_us", 0.0)),
+            comm_wait_beside_compute_us=float(block.get("comm_wait_beside_compute_us", 0.0)),
         )
 
 
@@ -176,6 +190,8 @@ def retime(tasks: Sequence[ContendedTask], params: ContentionParams) -> RetimedP
     pos = {COMPUTE: 0, COMM: 0}
     running: dict[str, ContendedTask | None] = {COMPUTE: None, COMM: None}
     remaining: dict[str, float] = {}
+    # Comm tasks' outstanding wait for a processor (see the module docstring).
+    wait: dict[str, float] = {}
     start: dict[str, float] = {}
     finish: dict[str, float] = {}
     now = 0.0
@@ -202,6 +218,8 @@ def retime(tasks: Sequence[ContendedTask], params: ContentionParams) -> RetimedP
                     running[r] = nxt
                     start[nxt.name] = now
                     remaining[nxt.name] = nxt.duration
+                    if r == COMM and nxt.duration > 0:
+                        wait[nxt.name] = params.comm_wait_beside_compute_us
                     pos[r] += 1
                 elif at is not None:
                     waiting.append(at)
@@ -213,15 +231,30 @@ def retime(tasks: Sequence[ContendedTask], params: ContentionParams) -> RetimedP
             stuck = [streams[r][pos[r]].name for r in streams if pos[r] < len(streams[r])]
             raise ContentionError(f"the stream order deadlocks: {', '.join(stuck)} wait on later tasks of their streams")
         rates = {r: 1.0 for r in active}
+        stalled = None  # the comm task waiting for a processor, if any
         if len(active) == 2:
             comp = active[COMPUTE]
-            rates[COMPUTE] = compute_rate(comp, params)
-            rates[COMM] = comm_rate(comp, params)
-        dt = min(remaining[t.name] / rates[r] for r, t in active.items())
+            if wait.get(active[COMM].name, 0.0) > 0.0:
+                stalled = active[COMM].name
+                rates[COMM] = 0.0  # not running yet, so it slows nothing either
+            else:
+                rates[COMPUTE] = compute_rate(comp, params)
+                rates[COMM] = comm_rate(comp, params)
+        elif COMM in active:
+            wait.pop(active[COMM].name, None)  # alone: the comm thread has a core now
+        dt = min(remaining[t.name] / rates[r] for r, t in active.items() if rates[r] > 0)
+        if stalled is not None:
+            dt = min(dt, wait[stalled])
         if waiting:
             dt = min(dt, min(waiting) - now)
         now += dt
+        if stalled is not None:
+            wait[stalled] = max(0.0, wait[stalled] - dt)
+            if wait[stalled] <= 1e-9 * max(1.0, params.comm_wait_beside_compute_us):
+                wait[stalled] = 0.0
         for r, t in active.items():
+            if rates[r] == 0.0:
+                continue
             remaining[t.name] -= dt * rates[r]
             # Relative tolerance: the task that defined dt ends exactly; others
             # within rounding of zero end too.

@@ -93,6 +93,13 @@ class PairMeasurement:
     samples_us: tuple[float, ...]
     task_us: dict[str, float] = field(default_factory=dict)  # median duration of each task on its stream
     task_min_us: dict[str, float] = field(default_factory=dict)  # shortest duration of each task
+    # Mean duration of each task: the expectation, for delays that are sometimes paid and
+    # sometimes not (a thread waiting for a core), which a sum of many tasks adds up.
+    task_mean_us: dict[str, float] = field(default_factory=dict)
+    # Mean time from the pair's start (the barrier) to each task's end: includes the
+    # waits before a task runs (a thread waking up, getting a core), which its own
+    # duration does not.
+    task_end_mean_us: dict[str, float] = field(default_factory=dict)
     device: str = ""
     method: str = ""
 
@@ -254,9 +261,13 @@ class _Prepared:
             self.dst.copy_(self.src)
 
 
-def _run_once_cpu(prepared: dict[str, _Prepared], streams: dict[str, list[ExecTask]]) -> tuple[float, dict[str, float]]:
+def _run_once_cpu(
+    prepared: dict[str, _Prepared], streams: dict[str, list[ExecTask]]
+) -> tuple[float, dict[str, float], dict[str, float]]:
     events = {name: threading.Event() for name in prepared}
     task_s: dict[str, float] = {}
+    end_s: dict[str, float] = {}
+    origin = [0.0]
     failure: list[BaseException] = []
     go = threading.Event()
 
@@ -269,7 +280,9 @@ def _run_once_cpu(prepared: dict[str, _Prepared], streams: dict[str, list[ExecTa
                         return
                 start = time.perf_counter()
                 prepared[t.name].run()
-                task_s[t.name] = time.perf_counter() - start
+                end = time.perf_counter()
+                task_s[t.name] = end - start
+                end_s[t.name] = end - origin[0]
                 events[t.name].set()
         except BaseException as err:  # noqa: BLE001 - reported to the parent with its traceback
             failure.append(err)
@@ -283,17 +296,19 @@ def _run_once_cpu(prepared: dict[str, _Prepared], streams: dict[str, list[ExecTa
     thread = threading.Thread(target=comm_stream, daemon=True)
     thread.start()
     dist.barrier()
-    start = time.perf_counter()
+    start = origin[0] = time.perf_counter()
     go.set()
     run_stream(streams[COMPUTE])
     thread.join()
     elapsed = time.perf_counter() - start
     if failure:
         raise failure[0]
-    return elapsed, task_s
+    return elapsed, task_s, end_s
 
 
-def _run_once_cuda(prepared: dict[str, _Prepared], tasks: list[ExecTask], cuda_streams: dict[str, object]) -> tuple[float, dict[str, float]]:
+def _run_once_cuda(
+    prepared: dict[str, _Prepared], tasks: list[ExecTask], cuda_streams: dict[str, object]
+) -> tuple[float, dict[str, float], dict[str, float]]:
     # Work is enqueued from one host thread in an order that respects stream
     # order and deps, because waiting on a CUDA event that is not yet recorded
     # is a no-op rather than a wait.
@@ -323,10 +338,13 @@ def _run_once_cuda(prepared: dict[str, _Prepared], tasks: list[ExecTask], cuda_s
     end.record(compute_stream)
     torch.cuda.synchronize()
     task_s = {n: starts[n].elapsed_time(done[n]) / 1e3 for n in done}
-    return begin.elapsed_time(end) / 1e3, task_s
+    end_s = {n: begin.elapsed_time(done[n]) / 1e3 for n in done}
+    return begin.elapsed_time(end) / 1e3, task_s, end_s
 
 
-def _measure_in_rank(tasks: list[ExecTask], repeats: int, warmup: int, world: int, device: torch.device) -> tuple[list[float], dict[str, list[float]]]:
+def _measure_in_rank(
+    tasks: list[ExecTask], repeats: int, warmup: int, world: int, device: torch.device
+) -> tuple[list[float], dict[str, list[float]], dict[str, list[float]]]:
     prepared = {t.name: _Prepared(t, world, device) for t in tasks}
     streams = {r: sorted((t for t in tasks if t.resource == r), key=lambda t: t.order) for r in (COMPUTE, COMM)}
     cuda_streams = None
@@ -334,16 +352,18 @@ def _measure_in_rank(tasks: list[ExecTask], repeats: int, warmup: int, world: in
         cuda_streams = {COMPUTE: torch.cuda.Stream(device), COMM: torch.cuda.Stream(device)}
     samples: list[float] = []
     per_task: dict[str, list[float]] = {t.name: [] for t in tasks}
+    per_end: dict[str, list[float]] = {t.name: [] for t in tasks}
     for i in range(warmup + repeats):
         if cuda_streams is not None:
-            elapsed, task_s = _run_once_cuda(prepared, tasks, cuda_streams)
+            elapsed, task_s, end_s = _run_once_cuda(prepared, tasks, cuda_streams)
         else:
-            elapsed, task_s = _run_once_cpu(prepared, streams)
+            elapsed, task_s, end_s = _run_once_cpu(prepared, streams)
         if i >= warmup:
             samples.append(elapsed * 1e6)
             for name, s in task_s.items():
                 per_task[name].append(s * 1e6)
-    return samples, per_task
+                per_end[name].append(end_s[name] * 1e6)
+    return samples, per_task, per_end
 
 
 def _worker(rank: int, world: int, init_file: str, conns: list, threads: int, device_kind: str, timeout_s: float) -> None:
@@ -504,14 +524,20 @@ class PairExecutor:
             conn.send(("run", tasks, repeats, warmup))
         results = [self._receive(rank, f"executing a pair of {len(tasks)} tasks") for rank in range(self.world_size)]
         samples = tuple(max(per_rank[0][i] for per_rank in results) for i in range(repeats))
-        task_us, task_min_us = {}, {}
+        task_us, task_min_us, task_mean_us, task_end_mean_us = {}, {}, {}, {}
         for t in tasks:
             values = [v for per_rank in results for v in per_rank[1][t.name]]
             task_us[t.name] = statistics.median(values) if values else 0.0
             task_min_us[t.name] = min(values) if values else 0.0
+            task_mean_us[t.name] = statistics.fmean(values) if values else 0.0
+            ends = [v for per_rank in results for v in per_rank[2][t.name]]
+            task_end_mean_us[t.name] = statistics.fmean(ends) if ends else 0.0
         if any(not math.isfinite(s) or s <= 0 for s in samples):
             raise PairExecutionError(f"measured non-positive pair times {samples}")
-        return PairMeasurement(samples, task_us, task_min_us, self.description, self.method)
+        return PairMeasurement(
+            samples, task_us, task_min_us, device=self.description, method=self.method, task_mean_us=task_mean_us,
+            task_end_mean_us=task_end_mean_us,
+        )
 
     def close(self) -> None:
         if self._context is None:

@@ -39,11 +39,15 @@ def test_h100_parameters_come_from_the_hardware_file():
 
 def test_contention_block_overrides_defaults(tmp_path):
     data = json.loads((HARDWARE_DIR / "h100.json").read_text())
-    data["contention"] = {"sm_share_lost": 0.3, "comm_hbm_share": 0.2, "comm_slowdown_per_compute": 0.5, "comm_slowdown_per_memory": 0.1}
+    data["contention"] = {
+        "sm_share_lost": 0.3, "comm_hbm_share": 0.2, "comm_slowdown_per_compute": 0.5, "comm_slowdown_per_memory": 0.1,
+        "comm_wait_beside_compute_us": 250.0,
+    }
     path = tmp_path / "custom.json"
     path.write_text(json.dumps(data))
     p = ContentionParams.from_hardware(load_hardware(path))
     assert (p.sm_share_lost, p.comm_hbm_share, p.comm_slowdown_per_compute, p.comm_slowdown_per_memory) == (0.3, 0.2, 0.5, 0.1)
+    assert p.comm_wait_beside_compute_us == 250.0
 
 
 def test_comm_beside_compute_stretches_compute_by_the_sm_share():
@@ -113,6 +117,25 @@ def test_dependencies_across_streams_pay_the_hand_off_delay():
     # An independent task on the other stream is not delayed.
     r2 = retime([compute("a", 10.0, 0), comm("x", 3.0, 0)], params)
     assert r2.start["x"] == 0.0
+
+
+def test_comm_waits_for_a_processor_only_while_compute_runs():
+    params = ContentionParams(0.0, 0.0, 0.0, 0.0, comm_wait_beside_compute_us=30.0)
+    # Beside a long GEMM the All-to-All first waits 30 µs (taking nothing from the GEMM), then runs.
+    r = retime([compute("gemm", 100.0, 0), comm("a2a", 20.0, 0)], params)
+    assert r.finish["a2a"] == pytest.approx(50.0) and r.finish["gemm"] == pytest.approx(100.0)
+    # Beside a GEMM shorter than the wait, the wait ends with the GEMM (a core is free then).
+    r = retime([compute("gemm", 10.0, 0), comm("a2a", 20.0, 0)], params)
+    assert r.finish["a2a"] == pytest.approx(30.0)
+    # Alone it starts at once; once running alone it is not stalled by compute starting later.
+    r = retime([comm("a2a", 20.0, 0), compute("gemm", 100.0, 0, ("a2a",)), comm("a2b", 20.0, 1)], params)
+    assert r.finish["a2a"] == pytest.approx(20.0) and r.finish["a2b"] == pytest.approx(70.0)
+    r = retime([comm("a2a", 20.0, 0), compute("g0", 5.0, 0), compute("g1", 100.0, 1, ("a2a",))], params)
+    assert r.finish["a2a"] == pytest.approx(25.0)
+    # GPUs leave it at 0: the model gives the same answer as before.
+    assert PARAMS.comm_wait_beside_compute_us == 0.0
+    with pytest.raises(ContentionError, match="comm_wait_beside_compute_us"):
+        ContentionParams(0.0, 0.0, 0.0, 0.0, comm_wait_beside_compute_us=-1.0)
 
 
 def test_deadlocking_order_and_unknown_dependencies_are_refused():

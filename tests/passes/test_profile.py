@@ -356,6 +356,7 @@ def test_cpu_calibration_gives_sane_positive_figures(calibrated):
     assert 0 <= params.sm_share_lost < 1 and 0 <= params.comm_hbm_share < 1
     assert params.comm_slowdown_per_compute >= 0 and params.comm_slowdown_per_memory >= 0
     assert params.cross_stream_sync_us >= 0 and hw.extra["pair_overhead_us"] >= 0
+    assert params.comm_wait_beside_compute_us >= 0
     provenance = hw.extra["calibration"]
     assert provenance["quick"] is True and provenance["host"] and provenance["versions"]["torch"]
     # Cached: asking again reads the file instead of measuring.

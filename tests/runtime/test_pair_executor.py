@@ -92,5 +92,13 @@ def test_a_small_pair_really_runs_on_two_gloo_processes():
     assert first.spread_us == max(first.samples_us) - min(first.samples_us)
     assert set(first.task_us) == {t.name for t in tasks}
     assert all(v > 0 for v in first.task_us.values())
+    assert set(first.task_mean_us) == set(first.task_end_mean_us) == set(first.task_us)
+    assert all(first.task_min_us[n] <= first.task_mean_us[n] for n in first.task_us)
+    # End times count from the pair's start: each task ends after its own duration, and a
+    # task ends after the tasks it depends on (which ran to completion first, on every rank).
+    assert all(first.task_end_mean_us[n] >= first.task_min_us[n] for n in first.task_us)
+    for t in tasks:
+        for d in t.deps:
+            assert first.task_end_mean_us[t.name] > first.task_end_mean_us[d]
     assert second.repeats == 2 and second.median_us > 0
     assert "gloo" in first.device and "gloo" in first.method
