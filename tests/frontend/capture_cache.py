@@ -17,6 +17,20 @@ def captured(source: str, **overrides: object):
 
 
 @cache
+def tiny_example():
+    """``examples/tiny_qwen3_next.py`` imported by path (the examples folder is not a package)."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("tiny_qwen3_next_example", TINY)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@cache
 def hf_model(model_type: str):
     """The transformers model itself, built independently of the frontend, on meta."""
     import torch

@@ -2,29 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import torch
-from capture_cache import TINY, captured
+from capture_cache import TINY, captured, tiny_example
 
 from frontend import capture, suggested_parallel
 from tessera_ir import print_module
 from tessera_ir.parallel import ParallelConfig
 
 
-def _tiny():
-    spec = importlib.util.spec_from_file_location("tiny_qwen3_next_for_sources", TINY)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_overrides_beat_model_py_parallel_and_none_is_ignored():
     module = captured(str(TINY), pp=4, ep=None)
     assert module.attrs["pp"] == 4
-    assert module.attrs["ep"] == _tiny().PARALLEL["ep"]
+    assert module.attrs["ep"] == tiny_example().PARALLEL["ep"]
 
 
 def test_explicit_parallel_config_replaces_model_py_settings():
@@ -33,7 +22,7 @@ def test_explicit_parallel_config_replaces_model_py_settings():
 
 
 def test_meta_and_real_weights_capture_identically():
-    tiny = _tiny()
+    tiny = tiny_example()
     real = tiny.build_model()
     with torch.device("meta"):
         meta = tiny.TinyQwen3Next(tiny.TinyConfig())

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 
 import pytest
 import torch
 import torch.fx
-from capture_cache import ROOT, TINY, captured
+from capture_cache import ROOT, TINY, captured, tiny_example
 
 from tessera_ir import FfnKind, MixerKind, Phase, print_module
 from tessera_ir.kinds import WEIGHTED_OPS
@@ -18,20 +16,12 @@ from tessera_ir.verifier import collect_errors
 GOLDEN = ROOT / "tests" / "frontend" / "golden" / "tiny_qwen3_next.tir"
 
 
-def _tiny_module():
-    spec = importlib.util.spec_from_file_location("tiny_qwen3_next_example", TINY)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_layer_kinds_and_header():
     module = captured(str(TINY))
     kinds = [(layer.mixer, layer.ffn) for layer in module.decoder_layers()]
     pattern = [MixerKind.LINEAR_ATTENTION] * 3 + [MixerKind.ATTENTION]
     assert kinds == [(m, FfnKind.MOE) for m in pattern * 2]
-    tiny = _tiny_module()
+    tiny = tiny_example()
     assert module.name == "tiny_qwen3_next" and module.attrs["model"] == tiny.NAME
     for key, value in tiny.PARALLEL.items():
         assert module.attrs[key] == value
@@ -71,7 +61,7 @@ def test_backward_mirrors_forward_in_reverse():
 
 
 def test_moe_block_traces_with_wrapped_dispatch_and_combine():
-    tiny = _tiny_module()
+    tiny = tiny_example()
     block = tiny.build_model().layers[0].moe
     graph = torch.fx.symbolic_trace(block).graph
     called = {getattr(n.target, "__name__", str(n.target)) for n in graph.nodes if n.op == "call_function"}
@@ -79,7 +69,7 @@ def test_moe_block_traces_with_wrapped_dispatch_and_combine():
 
 
 def test_tiny_model_trains_on_cpu():
-    tiny = _tiny_module()
+    tiny = tiny_example()
     torch.manual_seed(0)
     # One linear-attention and one attention layer: both mixers and the MoE path train.
     model = tiny.TinyQwen3Next(tiny.TinyConfig(num_layers=2, full_attention_interval=2))
@@ -103,7 +93,7 @@ def test_tiny_model_trains_on_cpu():
 
 @pytest.mark.parametrize("layer", [0, 3])
 def test_gradients_reach_every_weight(layer):
-    tiny = _tiny_module()
+    tiny = tiny_example()
     model = tiny.TinyQwen3Next(tiny.TinyConfig(num_layers=4))
     ids = torch.randint(0, model.config.vocab_size, (2, 9))
     model(ids[:, :-1], labels=ids[:, 1:]).backward()
