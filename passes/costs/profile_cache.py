@@ -54,7 +54,7 @@ def tessera_version() -> str:
     except metadata.PackageNotFoundError:
         # Running from a source tree that was not installed: read the version
         # the project declares, so the cache key still follows releases.
-        pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+        pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
         try:
             for line in pyproject.read_text().splitlines():
                 if line.startswith("version"):

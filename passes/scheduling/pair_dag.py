@@ -17,10 +17,14 @@ from dataclasses import dataclass, field, replace
 
 from tessera_ir.errors import TesseraError
 from tessera_ir.kinds import Phase, Resource
-from tessera_ir.model import Layer, Module, PlanOp, SymbolRef, Task
+from tessera_ir.model import Layer, Task
 
 FWD = "fwd"
 BWD = "bwd"
+
+
+class PairDagError(TesseraError):
+    """Tasks of a pair side that no order can run (a dependency cycle)."""
 
 
 @dataclass(frozen=True)
@@ -148,7 +152,7 @@ def side_tasks(layers: Sequence[Layer], side: str, duration: Callable[[Task], fl
     order = _sweep_order([t for _, t in tasks])
     if order is None:
         pending = _blocked([t for _, t in tasks])
-        raise ValueError(f"dependency cycle among tasks {sorted(pending)} of pair '{name}'")
+        raise PairDagError(f"dependency cycle among tasks {sorted(pending)} of pair '{name}'; the verifier's acyclic-dependencies check names the edges")
     out: list[PairTask] = []
     index: dict[str, int] = {}
     for k in order:
@@ -191,25 +195,3 @@ def build_pair_dag(
     """
     fwd = side_tasks(fwd_layers, FWD, duration, name)
     return join_sides(fwd, side_tasks(bwd_layers, BWD, duration, name), name)
-
-
-class PairSpecError(TesseraError):
-    """A ``pair`` plan op whose ``fwd``/``bwd`` lists do not name layers of the module."""
-
-
-def pair_side_layers(module: Module, op: PlanOp, side: str) -> list[Layer]:
-    """The layers a pair op lists under ``side`` (``"fwd"`` or ``"bwd"``), in the listed order."""
-    layers = {layer.name: layer for layer in module.layers}
-    value = op.attrs.get(side, [])
-    if not isinstance(value, list):
-        raise PairSpecError(f"pair @{op.name}: attribute '{side}' must be a list of layer references like [@l0, @l1]")
-    out = []
-    for ref in value:
-        name = ref.name if isinstance(ref, SymbolRef) else None
-        if name is None or name not in layers:
-            raise PairSpecError(
-                f"pair @{op.name}: '{side}' names {ref!r}, which is no layer of module @{module.name}; "
-                "list layers as @name (e.g. @l0)"
-            )
-        out.append(layers[name])
-    return out

@@ -8,14 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from passes.contention import (
+from passes.costs.contention import (
     ContendedTask,
     ContentionError,
     ContentionParams,
     compute_rate,
     retime,
 )
-from passes.cost_model import HARDWARE_DIR, load_hardware
+from passes.costs.hardware import HARDWARE_DIR, load_hardware
 
 H100 = load_hardware("h100")
 PARAMS = ContentionParams.from_hardware(H100, ep=8)

@@ -19,15 +19,16 @@ core is the exception: a mean, see below).
 - a fully serial ping-pong chain at two lengths → the cross-stream hand-off
   delay (``contention.cross_stream_sync_us``) and the executor's fixed cost per
   pair (``pair_overhead_us``);
-- contention (see ``passes/contention.py``): a GEMM and a copy each timed
+- contention (see ``passes/costs/contention.py``): a GEMM and a copy each timed
   beside a longer All-to-All, a small All-to-All beside a much longer GEMM (the
   comm thread's wait for a core, ``comm_wait_beside_compute_us``), and a large
   All-to-All beside a longer GEMM and a longer copy → ``sm_share_lost``,
   ``comm_hbm_share``, ``comm_slowdown_per_compute``, ``comm_slowdown_per_memory``.
 
-The result is written as a hardware JSON file under
-``<cache dir>/hardware/cpu-<hash>.json`` (hash over the CPU model, process and
-thread counts, and software versions) and loaded with ``load_hardware``.
+The result is written as a hardware JSON file (``calibration_cache.calibration_path``) and
+loaded with ``load_hardware``. Calibrating takes a minute or two and runs only when asked:
+``tessera-calibrate``, ``tessera-compile --hardware cpu`` on a machine not yet calibrated,
+measured profiling, and the cost-model benchmark.
 """
 
 from __future__ import annotations
@@ -37,37 +38,19 @@ import os
 import socket
 import statistics
 import tempfile
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
-from passes.cost_model import Hardware, load_hardware
-from passes.profile_cache import cache_key, resolve_cache_dir, software_versions
-from runtime.pair_executor import ExecTask, PairExecutor, cpu_model_name, default_threads_per_rank
+from passes.costs.calibration_cache import STATISTICS, WORLD_SIZE, calibration_path
+from passes.costs.hardware import Hardware, load_hardware
+from passes.costs.profile_cache import software_versions
+from runtime.pair_executor import ExecTask, PairExecutor, cpu_model_name
 from tessera_ir.kinds import TaskOp
 
-WORLD_SIZE = 2
-CALIBRATION_VERSION = 5
 # Length of the GEMM a small All-to-All is timed beside to read the comm thread's wait
 # for a processor: several scheduler time slices (a few ms each), doubled while too short.
 WAIT_COVER_US = 20_000.0
-
-
-def cpu_device_description(world_size: int = WORLD_SIZE, threads_per_rank: int | None = None) -> str:
-    threads = threads_per_rank or default_threads_per_rank(world_size)
-    return f"cpu:{cpu_model_name()}:world={world_size}:threads={threads}:gloo"
-
-
-STATISTICS = ("median", "min")
-
-
-def calibration_path(
-    cache_dir: str | Path | None = None, world_size: int = WORLD_SIZE, threads_per_rank: int | None = None,
-    statistic: str = "median",
-) -> Path:
-    root = resolve_cache_dir(str(cache_dir) if cache_dir else None)
-    versions = dict(software_versions(), calibration=str(CALIBRATION_VERSION), statistic=statistic)
-    key = cache_key("cpu-calibration", cpu_device_description(world_size, threads_per_rank), versions)
-    return root / "hardware" / f"cpu-{key[:16]}.json"
 
 
 def _gemm(name: str, n: int, dtype: str, order: int = 0) -> ExecTask:
@@ -156,9 +139,9 @@ def calibrate(executor: PairExecutor, quick: bool = False, statistic: str = "med
     # t = latency + bytes / bandwidth over six sizes, fitted by Theil-Sen (median of the
     # pairwise slopes, then the median intercept): one disturbed reading cannot tilt it.
     small, large = 8 << 10, (2 if quick else 16) << 20
-    sizes = [4 << 10, small, 64 << 10, 256 << 10, large // 4, large]
+    sizes = [4 << 10, small, 64 << 10, 256 << 10, large // 4, large]  # bytes
     times = [task_time([_a2a("a", b)], "a", 3 * repeats if b < (1 << 20) else repeats) for b in sizes]
-    latency_us, slope = _theil_sen(sizes, times)
+    latency_us, slope = _theil_sen([float(b) for b in sizes], times)
     slope = max(slope, 1e-6)  # µs per byte; guards against a noisy non-increasing fit
     a2a_gbps = 1.0 / slope / 1e3
     latency_us = max(1.0, latency_us)
@@ -294,16 +277,20 @@ def cpu_hardware(
     executor: PairExecutor | None = None,
     quick: bool = False,
     statistic: str = "median",
+    announce: Callable[[Path], None] | None = None,
 ) -> Hardware:
     """The calibrated ``cpu`` hardware: from the cache, or measured now (and cached).
 
     ``executor`` reuses running worker processes (a profiling run passes its own,
     so processes start once); otherwise a temporary one is started. Calibrations
-    by ``median`` and by ``min`` are cached separately.
+    by ``median`` and by ``min`` are cached separately. ``announce`` is called with
+    the cache path just before a measurement starts (a progress message for the user).
     """
     path = calibration_path(cache_dir, WORLD_SIZE, executor.threads_per_rank if executor else None, statistic)
     if path.is_file() and not refresh:
         return load_hardware(path)
+    if announce is not None:
+        announce(path)
     if executor is not None:
         data = calibrate(executor, quick=quick, statistic=statistic)
     else:

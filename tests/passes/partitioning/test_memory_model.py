@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from passes.memory_model import (
+from passes.partitioning.memory import (
     MemoryAssumptions,
     device_peak_bytes,
-    inflight_total,
     inflight_vectors,
     layer_activation_bytes,
     layer_static_bytes,
-    warmup_forwards,
 )
+from passes.pipelining.order import warmup_forwards
 from tessera_ir.parallel import ParallelConfig
 
 from synthetic_ir import synthetic_module
@@ -41,9 +40,13 @@ def test_activation_bytes_sum_forward_tasks_only():
     assert layer_activation_bytes(layer) == expected
 
 
-def test_warmup_and_inflight_counts_follow_megatron_interleaving():
+def inflight_total(pp: int, vpp: int, microbatches: int, device: int) -> int:
+    """Micro-batch chunks a device holds at its peak."""
+    return max(sum(v) for v in inflight_vectors(pp, vpp, microbatches, device))
+
+
+def test_inflight_counts_follow_megatron_interleaving():
     # Non-interleaved 1F1B: device d warms up with pp - d - 1 forwards, so device 0 holds pp micro-batches.
-    assert [warmup_forwards(4, 1, 16, d) for d in range(4)] == [3, 2, 1, 0]
     assert [inflight_total(4, 1, 16, d) for d in range(4)] == [4, 3, 2, 1]
     # Interleaved: 2 (pp - d - 1) + (vpp - 1) pp warm-up forwards; device 0 holds the most.
     assert [inflight_total(4, 2, 16, d) for d in range(4)] == [11, 9, 7, 5]
@@ -59,9 +62,9 @@ def test_inflight_vectors_per_chunk_by_hand():
     assert inflight_vectors(4, 2, 8, 0) == [(7, 4), (8, 3)]
     # Without interleaving there is one chunk and the vector is the in-flight total.
     assert inflight_vectors(4, 1, 8, 1) == [(3,)]
-    # Every vector sums to the in-flight total.
+    # Every vector sums to the warm-up forwards plus the steady step's one.
     for d in range(4):
-        assert {sum(v) for v in inflight_vectors(4, 2, 16, d)} == {inflight_total(4, 2, 16, d)}
+        assert {sum(v) for v in inflight_vectors(4, 2, 16, d)} == {warmup_forwards(4, 2, 16, d) + 1}
 
 
 def test_device_peak_bytes_by_hand():

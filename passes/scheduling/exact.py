@@ -43,19 +43,14 @@ import sys
 import time
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
-from passes.pair_dag import PairDAG
-from passes.pair_schedulers import EPS, RESOURCES, PairSchedule, SchedulingError, bottom_levels, gap_fit
+from passes.scheduling.gap_fit import gap_fit
+from passes.scheduling.pair_dag import PairDAG
+from passes.scheduling.schedule import EPS, RESOURCES, PairSchedule, SchedulingError, bottom_levels, heads
 from tessera_ir.kinds import Resource
 
 SOLVERS = ("highs", "cbc")
-
-
-def _heads(dag: PairDAG) -> list[float]:
-    head = [0.0] * len(dag.tasks)
-    for i, t in enumerate(dag.tasks):
-        head[i] = max((head[d] + dag.tasks[d].duration for d in t.deps), default=0.0)
-    return head
 
 
 def _reachability(dag: PairDAG) -> list[int]:
@@ -67,7 +62,7 @@ def _reachability(dag: PairDAG) -> list[int]:
     return anc
 
 
-def _make_solver(solver: str, time_limit_s: float):  # noqa: ANN202 (pulp has no public solver base type)
+def _make_solver(solver: str, time_limit_s: float) -> Any:  # pulp's solvers share no public base type
     import pulp
 
     if solver == "highs":
@@ -109,14 +104,14 @@ def exact(
     if ub < lb - EPS * max(1.0, lb):
         raise SchedulingError(
             f"the starting schedule of pair '{dag.name}' is shorter ({ub}) than the lower bound ({lb}), so it is "
-            "invalid; check it with passes.schedule_check first"
+            "invalid; check it with passes.scheduling.check first"
         )
     if n == 0 or (shortcut and ub <= lb + EPS * max(1.0, lb)):
         # The known schedule already meets the lower bound: it is optimal, no solve needed.
         return PairSchedule(
             dag, list(incumbent.start), "exact", status="optimal", solve_seconds=time.perf_counter() - t0, bound=lb
         )
-    head = _heads(dag)
+    head = heads(dag)
     bl = bottom_levels(dag)
     tail = [bl[i] - dag.tasks[i].duration for i in range(n)]  # path after the task ends
     succ = dag.successors()

@@ -40,8 +40,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from passes.pair_dag import PairDAG
-from passes.pair_schedulers import PairSchedule
+from passes.scheduling.pair_dag import PairDAG
+from passes.scheduling.schedule import PairSchedule
 from tessera_ir.errors import TesseraError
 
 TOLERANCE_US = Fraction(1, 10**6)
@@ -67,7 +67,7 @@ class ScheduleEntry:
 
 
 def entries_of(schedule: PairSchedule) -> list[ScheduleEntry]:
-    """Entries of a :class:`passes.pair_schedulers.PairSchedule`."""
+    """Entries of a :class:`passes.scheduling.schedule.PairSchedule`."""
     dag, start = schedule.dag, schedule.start
     return [ScheduleEntry(t.name, start[i], t.duration, t.resource.value) for i, t in enumerate(dag.tasks)]
 
@@ -210,5 +210,5 @@ def _explain(dag: PairDAG, entry_of: dict[int, ScheduleEntry], count: list[int],
 
 
 def check_pair_schedule(schedule: PairSchedule, where: str = "") -> None:
-    """Check a :class:`passes.pair_schedulers.PairSchedule` against its own DAG."""
+    """Check a :class:`passes.scheduling.schedule.PairSchedule` against its own DAG."""
     check_schedule(schedule.dag, entries_of(schedule), where)

@@ -17,7 +17,7 @@ of the resources it needs while running alone:
     u_sm  = c / max(c, m)      (1 for compute-bound kernels)
     u_mem = m / max(c, m)      (1 for memory-bound kernels)
 
-(``cost_model.task_utilisation`` computes both from the same roofline terms.)
+(``durations.task_utilisation`` computes both from the same roofline terms.)
 
 While a communication task runs beside it, the compute task keeps only
 ``a_sm = 1 - sm_share_lost`` of the SMs and ``a_mem = 1 - comm_hbm_share`` of
@@ -63,7 +63,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from passes.cost_model import Hardware
+from passes.costs.hardware import Hardware
 from tessera_ir.errors import TesseraError
 from tessera_ir.kinds import Resource
 

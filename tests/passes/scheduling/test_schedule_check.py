@@ -8,9 +8,10 @@ import pytest
 
 from passes.manager import PassManager, parse_pipeline
 from passes.overlap_schedule import check_plan_schedules
-from passes.pair_dag import BWD, FWD, PairDAG, PairTask
-from passes.pair_schedulers import PairSchedule, gap_fit
-from passes.schedule_check import ScheduleEntry, ScheduleError, check_pair_schedule, check_schedule, entries_of
+from passes.scheduling.check import ScheduleEntry, ScheduleError, check_pair_schedule, check_schedule, entries_of
+from passes.scheduling.gap_fit import gap_fit
+from passes.scheduling.pair_dag import BWD, FWD, PairDAG, PairTask
+from passes.scheduling.schedule import PairSchedule
 from tessera_ir.kinds import Resource
 from tessera_ir.model import PlanOp, SymbolRef
 from tessera_ir.parallel import ParallelConfig
@@ -129,8 +130,9 @@ def test_heuristic_schedule_of_a_large_pair_checks_quickly() -> None:
     # Linear encoding: a 4+4-layer pair (100+ tasks) is checked constraint by neighbour.
     module = synthetic_module(QWEN3_NEXT_PATTERN * 2, parallel=ParallelConfig(ep=8))
     layers = module.decoder_layers()
-    from passes.cost_model import load_hardware, task_duration_us
-    from passes.pair_dag import build_pair_dag
+    from passes.costs.durations import task_duration_us
+    from passes.costs.hardware import load_hardware
+    from passes.scheduling.pair_dag import build_pair_dag
 
     hw = load_hardware("h100")
     dag = build_pair_dag(layers[:4], layers[4:], lambda t: task_duration_us(t, hw, ParallelConfig(ep=8)), "big")
@@ -168,7 +170,7 @@ def test_smt_literals_are_the_floats_exact_values(value: float) -> None:
 
     import z3
 
-    from passes.schedule_check import _real
+    from passes.scheduling.check import _real
 
     parsed = z3.simplify(z3.parse_smt2_string(f"(declare-fun x () Real) (assert (= x {_real(Fraction(value))}))")[0].arg(1))
     assert z3.is_rational_value(parsed)
@@ -178,8 +180,9 @@ def test_smt_literals_are_the_floats_exact_values(value: float) -> None:
 def big_schedule() -> tuple[PairDAG, PairSchedule]:
     module = synthetic_module(QWEN3_NEXT_PATTERN * 2, parallel=ParallelConfig(ep=8))
     layers = module.decoder_layers()
-    from passes.cost_model import load_hardware, task_duration_us
-    from passes.pair_dag import build_pair_dag
+    from passes.costs.durations import task_duration_us
+    from passes.costs.hardware import load_hardware
+    from passes.scheduling.pair_dag import build_pair_dag
 
     hw = load_hardware("h100")
     dag = build_pair_dag(layers[:4], layers[4:], lambda t: task_duration_us(t, hw, ParallelConfig(ep=8)), "big")

@@ -8,10 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from passes import pair_schedulers as ps
-from passes.exact_schedule import exact
-from passes.pair_dag import BWD, FWD, PairDAG, PairTask
-from passes.schedule_check import check_pair_schedule
+from passes.scheduling.baselines import serial
+from passes.scheduling.check import check_pair_schedule
+from passes.scheduling.exact import exact
+from passes.scheduling.gap_fit import gap_fit
+from passes.scheduling.generation import FlatDag
+from passes.scheduling.improvement import _evaluate_orders
+from passes.scheduling.pair_dag import BWD, FWD, PairDAG, PairTask
+from passes.scheduling.schedule import SchedulingError
 from tessera_ir.kinds import Resource
 
 C, M = Resource.COMPUTE, Resource.COMM
@@ -55,12 +59,12 @@ def interleave() -> PairDAG:
 
 def brute_force(dag: PairDAG) -> float:
     """Optimal makespan by trying every order on each stream (semi-active schedules)."""
-    ctx = ps._Ctx(dag)
+    ctx = FlatDag(dag)
     streams = [[i for i in range(ctx.n) if ctx.res[i] == r] for r in (0, 1)]
     best = float("inf")
     for oc in itertools.permutations(streams[0]):
         for om in itertools.permutations(streams[1]):
-            ev = ps._evaluate_orders(ctx, [list(oc), list(om)])
+            ev = _evaluate_orders(ctx, [list(oc), list(om)])
             if ev is not None and ctx.meets_deadlines(ev[0]):
                 best = min(best, ctx.makespan(ev[0]))
     return best
@@ -74,7 +78,7 @@ def test_two_chains_optimum(solver: str) -> None:
     check_pair_schedule(sched)
     assert sched.status == "optimal"
     assert sched.makespan == pytest.approx(6.0)
-    assert ps.gap_fit(dag).makespan == pytest.approx(6.0)
+    assert gap_fit(dag).makespan == pytest.approx(6.0)
 
 
 @pytest.mark.parametrize("solver", ["highs", "cbc"])
@@ -85,7 +89,7 @@ def test_interleave_optimum_known_by_hand(solver: str) -> None:
     check_pair_schedule(sched)
     assert (sched.status, sched.makespan) == ("optimal", pytest.approx(11.0))
     assert sched.bound == pytest.approx(11.0)
-    assert ps.gap_fit(dag).makespan == pytest.approx(11.0)
+    assert gap_fit(dag).makespan == pytest.approx(11.0)
 
 
 def test_deadline_is_respected_by_the_ilp() -> None:
@@ -105,7 +109,7 @@ def test_deadline_is_respected_by_the_ilp() -> None:
 
 
 def test_unknown_solver_is_an_error() -> None:
-    with pytest.raises(ps.SchedulingError, match="unknown ILP solver"):
+    with pytest.raises(SchedulingError, match="unknown ILP solver"):
         exact(two_chains(), solver="gurobi", shortcut=False)
 
 
@@ -148,8 +152,8 @@ def test_ilp_matches_brute_force_and_bounds_the_heuristic(dag: PairDAG) -> None:
     check_pair_schedule(sched)
     assert sched.status == "optimal"
     assert sched.makespan == pytest.approx(opt)
-    heur = ps.gap_fit(dag)
+    heur = gap_fit(dag)
     assert heur.makespan >= opt - 1e-9
     # The heuristic is not exact (hypothesis finds 5-task DAGs where it ends one unit above the
     # optimum); it never does worse than running the two streams back to back.
-    assert heur.makespan <= ps.serial(dag).makespan + 1e-9
+    assert heur.makespan <= serial(dag).makespan + 1e-9
