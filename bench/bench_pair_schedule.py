@@ -7,7 +7,7 @@ chunk) plus seeded random heterogeneous DAGs. Task shapes, FLOPs and bytes come
 from ``frontend.capture`` of the shipped workload configs (``--source
 frontend``, the default when the frontend is installed) or from this file's own
 formulas (``--source formulas``, ``size_task``; they agree with the frontend
-within a few percent); ``passes.cost_model.task_duration_us`` turns them into
+within a few percent); ``passes.costs.durations.task_duration_us`` turns them into
 durations.
 
 For every pair: the lower bound, the gap-fit makespan and solve time, the

@@ -42,12 +42,6 @@ def resolve_hardware(hardware: str) -> Hardware:
     return load_hardware(hardware)
 
 
-def set_target(module: Module, hardware: str) -> None:
-    """Record the target hardware on the module: every pass, the report and viz read it from there."""
-    resolve_hardware(hardware)
-    module.attrs["hardware"] = hardware
-
-
 def run_passes(
     module: Module,
     pipeline: str | list[ModulePass],

@@ -133,7 +133,7 @@ def _cost_origin(module: Module, view: PlanView) -> str:
     if mode == "analytic":
         return f"analytic with contention on {where}"
     if mode in ("measured", "cache-only"):
-        return f"measured on {module.attrs.get('profile_device', where)}, in {where} microseconds"
+        return f"measured on {module.attrs.get('profile_device', where)} (hardware {where}), scaled to full size"
     return f"schedule makespans on {view.hardware_name}"
 
 

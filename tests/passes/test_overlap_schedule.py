@@ -306,7 +306,7 @@ def test_pass_errors_name_the_pair() -> None:
         OverlapSchedulePass(method="magic")  # type: ignore[arg-type]
 
 
-def test_schedule_from_plan_rebuilds_the_schedule() -> None:
+def test_plan_view_rebuilds_the_schedule_from_the_ir() -> None:
     module = paired_module([(["l0", "l1"], ["l2", "l3"])])
     OverlapSchedulePass().apply(module)
     sched = PlanView(module).schedule("pair.0")
