@@ -245,7 +245,7 @@ class PlanView:
     def _candidate_by_name(self) -> dict[str, Candidate]:
         return {c.name: c for c in reversed(self.candidates)}  # the first of a repeated name wins
 
-    def candidate(self, ref: Value | None, where: str) -> Candidate:
+    def candidate(self, ref: Value | None, where: str = "a candidate reference") -> Candidate:
         """The candidate an attribute refers to; ``where`` names the attribute for the error."""
         if not isinstance(ref, SymbolRef):
             raise PlanError(f"{where} must refer to a candidate op, like @cand.s0.c0; got {ref!r}")

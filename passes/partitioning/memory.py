@@ -84,7 +84,7 @@ def inflight_vectors(pp: int, vpp: int, microbatches: int, device: int) -> list[
     for action in rank_order(pp, vpp, microbatches, device):
         if action.direction == "fwd":
             held[action.chunk] += 1
-            if action.period == "steady":
+            if action.phase == "steady":
                 vectors.add(tuple(held))
         else:
             if not vectors:  # the first backward of a rank with no steady state: every forward is held

@@ -28,6 +28,12 @@ The order is Megatron-Core's (``forward_backward_pipelining_with_interleaving``;
    (``paired_with``).
 4. Cool-down: the remaining backwards.
 
+Which chunks meet depends on ``W mod pp``: rank 0 with pp=4, vpp=2 has W=10, so steps 0-1
+pair chunk 0's forward with chunk 1's backward, steps 2-3 chunk 1 with 1, 4-5 chunk 1 with 0,
+6-7 chunk 0 with 0 — every combination; rank 1 has W=8, a whole number of groups, so its
+forward and backward groups are exactly out of phase and chunk 0 only meets chunk 1 and back;
+the last rank has W=(vpp−1)·pp, in phase, so each chunk only meets itself.
+
 ``combined=True`` is the variant Megatron-Core runs when it overlaps expert-parallel
 All-to-All across micro-batches (combined 1F1B): one more warm-up forward per rank, so
 that the forward and backward of every steady-state pair are independent. Without it the
@@ -41,7 +47,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 Direction = Literal["fwd", "bwd"]
-Period = Literal["warmup", "steady", "cooldown"]
+Phase = Literal["warmup", "steady", "cooldown"]
 Slot = tuple[int, int]  # (chunk, micro-batch)
 
 
@@ -49,6 +55,8 @@ Slot = tuple[int, int]  # (chunk, micro-batch)
 class Action:
     """One forward or backward of one chunk for one micro-batch on a rank.
 
+    ``phase`` is the part of the rank's schedule it belongs to: ``warmup`` (forwards only),
+    ``steady`` (one forward and one backward per step) or ``cooldown`` (backwards only).
     ``paired_with`` is the (chunk, micro-batch) of the opposite direction's action that runs
     beside this one in a steady-state pair; None in warm-up and cool-down.
     """
@@ -56,7 +64,7 @@ class Action:
     direction: Direction
     chunk: int
     microbatch: int
-    period: Period
+    phase: Phase
     paired_with: Slot | None = None
 
     def stage(self, rank: int, pp: int) -> int:

@@ -52,7 +52,7 @@ def enumerate_megatron(pp: int, vpp: int, m: int, rank: int, combined: bool = Fa
 
 
 def as_tuples(actions: list[Action]) -> list[tuple]:
-    return [(a.direction, a.chunk, a.microbatch, a.period, a.paired_with) for a in actions]
+    return [(a.direction, a.chunk, a.microbatch, a.phase, a.paired_with) for a in actions]
 
 
 @pytest.mark.parametrize("combined", [False, True])
