@@ -1,0 +1,115 @@
+// The per-rank finite-state machine: steps a trainer through one rank's
+// program. Semantics are runtime/reference.py's, which is the readable form;
+// the differential tests hold the two to the same actions and counters.
+//
+// Threads: advance() and register_task() belong to the training thread;
+// complete() and report_tokens() may be called from any thread (a monitor
+// thread polling collectives). The hand-off is lock-free: one atomic state
+// byte and one atomic timestamp per action, one atomic prediction per slot.
+// The FSM never starts a thread and never calls back into its caller.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "format.h"
+
+namespace tessera {
+
+enum class ActionKind : uint8_t { Run = 0, Send = 1, Recv = 2, Collective = 3, Wait = 4, Done = 5 };
+
+struct Action {
+  ActionKind kind = ActionKind::Done;
+  int64_t id = -1;
+  int32_t stream = -1;
+  int64_t task = -1;
+  int64_t mb = -1;
+  int32_t peer = -1;
+  int64_t vstage = -1;
+  int32_t payload = -1;
+  int32_t collective = -1;
+  int32_t group = -1;
+  bool filled = false;
+  bool fallback = false;
+  int64_t wait_for = -1;
+};
+
+struct Counters {
+  uint64_t tasks_run = 0, deferred = 0, filled = 0, fallen_back = 0, inline_ = 0, slots = 0;
+  double idle_predicted_us = 0, idle_observed_us = 0;
+  uint64_t peak_pool_bytes = 0;
+};
+
+class FSM {
+ public:
+  FSM(std::shared_ptr<const Program> program, bool dbo, uint32_t ep_rank, std::optional<uint64_t> memory_budget_bytes,
+      uint32_t max_registered);
+
+  // Training thread.
+  Action advance();
+  int64_t register_task(uint32_t task, uint32_t mb, uint32_t deadline, std::optional<uint64_t> memory_bytes);
+  const Counters& counters() const { return counters_; }
+  uint32_t pc() const { return pc_; }
+  const Program& program() const { return *program_; }
+
+  // Any thread.
+  void complete(int64_t action_id);
+  bool report_tokens(uint32_t task, uint32_t mb, const std::vector<int64_t>& tokens_per_rank);
+
+ private:
+  enum : uint8_t { kNew = 0, kIssued = 1, kDone = 2, kPooled = 3 };
+  struct Pooled {
+    int64_t id;
+    uint32_t task, mb, deadline;
+    uint64_t memory_bytes;
+    double duration_us;
+    uint64_t seq;
+  };
+  struct OpenSlot {
+    uint32_t collective;
+    double budget_us;
+  };
+
+  Action issue(ActionKind kind, const Instr& ins);
+  Action issue_deferred(const Pooled& entry, bool filled, bool fallback);
+  Action issue_pooled(size_t pool_index, bool filled, bool fallback);
+  Action issue_inline();
+  void defer(int64_t id, uint32_t task, uint32_t mb, uint32_t deadline, uint64_t memory_bytes);
+  void open_slot(const Instr& ins);
+  std::optional<Action> fill();
+  void observe();
+
+  std::shared_ptr<const Program> program_;
+  const std::vector<Instr>& code_;
+  bool dbo_;
+  uint32_t ep_rank_;
+  uint64_t budget_;
+  size_t end_;
+  size_t capacity_;
+  std::unique_ptr<std::atomic<uint8_t>[]> state_;
+  std::unique_ptr<std::atomic<int64_t>[]> done_ns_;
+  std::atomic<size_t> size_;
+  std::unique_ptr<std::atomic<uint64_t>[]> predicted_bits_;  // per instruction; NaN until reported
+  std::unordered_map<uint64_t, uint32_t> slot_of_;             // (task << 32 | mb) -> SLOT instruction
+
+  uint32_t pc_ = 0;
+  std::vector<Pooled> pool_;
+  uint64_t pool_bytes_ = 0;
+  uint64_t seq_ = 0;
+  std::deque<Pooled> inline_;
+  std::optional<OpenSlot> slot_;
+  std::vector<std::pair<uint32_t, int64_t>> pending_observations_;
+  size_t end_scan_ = 0;
+  Counters counters_;
+};
+
+// advance()/complete() pairs per second on `program` with no work in between:
+// the interpreter's own cost per action, measured natively.
+double native_ns_per_action(std::shared_ptr<const Program> program, bool dbo, int repeats);
+
+}  // namespace tessera
