@@ -32,7 +32,7 @@ HEADER = struct.Struct("<8sII32sIIII")  # magic version flags signature file_siz
 SECTION_ENTRY = struct.Struct("<HHIII")  # kind reserved id offset size
 PLAN_RECORD = struct.Struct("<IIIIIIIIIIIIQ")  # see PlanInfo, then 4 string refs, then the DBO memory budget
 TASK_RECORD = struct.Struct("<IIIBBHdQ")  # name kind layer resource flags reserved duration_us memory_bytes
-SLOT_RECORD = struct.Struct("<IIdd")  # collective_task reserved static_idle_us us_per_token
+SLOT_RECORD = struct.Struct("<IIddd")  # collective_task reserved base_us a2a_us gemm_us
 PROGRAM_HEAD = struct.Struct("<II")  # instruction count, reserved
 INSTRUCTION = struct.Struct("<BBHIII")  # op stream aux mb a b
 COUNT = struct.Struct("<I")
@@ -40,7 +40,7 @@ STRING_REF = struct.Struct("<II")  # offset length, into the bytes after the ref
 CHECKSUM_OFFSET = 56
 
 assert HEADER.size == 64 and SECTION_ENTRY.size == 16 and INSTRUCTION.size == 16
-assert PLAN_RECORD.size == 56 and TASK_RECORD.size == 32 and SLOT_RECORD.size == 24
+assert PLAN_RECORD.size == 56 and TASK_RECORD.size == 32 and SLOT_RECORD.size == 32
 
 
 class Flag(IntEnum):
@@ -133,9 +133,10 @@ class TaskInfo:
 class SlotInfo:
     """A place where a rank may idle waiting for an All-to-All; DBO predicts and fills it."""
 
-    collective_task: int  # index of the comm task whose completion ends the slot
-    static_idle_us: float  # idle predicted by the plan with balanced routing
-    us_per_token: float  # extra idle per token the busiest EP rank receives beyond this rank
+    collective_task: int  # index of the All-to-All task whose completion ends the slot
+    base_us: float  # idle the static plan predicts with balanced routing
+    a2a_us: float  # routing-dependent All-to-All time the slot waits on
+    gemm_us: float  # routing-dependent expert GEMM time the slot waits on
 
 
 @dataclass(frozen=True)
@@ -208,7 +209,7 @@ def encode(image: PlanImage) -> bytes:
         (SectionKind.TASKS, 0, COUNT.pack(len(task_records)) + b"".join(task_records)),
     ]
     if image.slots is not None:
-        slot_records = [SLOT_RECORD.pack(s.collective_task, 0, s.static_idle_us, s.us_per_token) for s in image.slots]
+        slot_records = [SLOT_RECORD.pack(s.collective_task, 0, s.base_us, s.a2a_us, s.gemm_us) for s in image.slots]
         sections.append((SectionKind.SLOTS, 0, COUNT.pack(len(slot_records)) + b"".join(slot_records)))
     for rank in sorted(image.programs):
         instrs = image.programs[rank]
@@ -442,12 +443,12 @@ def _decode_slots(buf: memoryview, s: _Section, tasks: Sequence[TaskInfo]) -> li
     count, start = _records(buf, s, SLOT_RECORD, "SLOTS")
     slots = []
     for i in range(count):
-        task, reserved, static_us, per_token = SLOT_RECORD.unpack_from(buf, start + i * SLOT_RECORD.size)
+        task, reserved, base_us, a2a_us, gemm_us = SLOT_RECORD.unpack_from(buf, start + i * SLOT_RECORD.size)
         if task >= len(tasks) or tasks[task].resource != Stream.COMM:
             raise _fail("slot", f"slot {i} waits on task {task}, which is not a comm task of the plan")
-        if reserved or not _finite_nonnegative(static_us) or not _finite_nonnegative(per_token):
-            raise _fail("slot", f"slot {i} has a non-zero reserved field or a negative or non-finite prediction")
-        slots.append(SlotInfo(task, static_us, per_token))
+        if reserved or not all(_finite_nonnegative(x) for x in (base_us, a2a_us, gemm_us)):
+            raise _fail("slot", f"slot {i} has a non-zero reserved field or a negative or non-finite time")
+        slots.append(SlotInfo(task, base_us, a2a_us, gemm_us))
     return slots
 
 
@@ -528,6 +529,7 @@ class _InstructionChecker:
             need(aux == 0 and mb == 0 and b == 0, "WAIT takes one operand, the instruction waited on")
             need(a < i, f"waits on instruction {a}, which does not come before it")
             need(self.raw[a][0] in COMPLETING_OPS, f"waits on instruction {a}, which is not work that completes")
+            need(self.raw[a][0] != Op.DEFER or self.raw[a][5] <= i, f"waits on DEFER {a}, whose deadline comes after the wait")
         elif op == Op.SLOT:
             need(stream == Stream.COMPUTE and aux == 0, "SLOT is on the compute stream")
             need(self.slots is not None and a < len(self.slots), f"slot {a} is not in the SLOTS table")

@@ -83,8 +83,9 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<SlotInfo>(m, "SlotInfo")
       .def_readonly("collective_task", &SlotInfo::collective_task)
-      .def_readonly("static_idle_us", &SlotInfo::static_idle_us)
-      .def_readonly("us_per_token", &SlotInfo::us_per_token);
+      .def_readonly("base_us", &SlotInfo::base_us)
+      .def_readonly("a2a_us", &SlotInfo::a2a_us)
+      .def_readonly("gemm_us", &SlotInfo::gemm_us);
 
   py::class_<Instr>(m, "Instr")
       .def_property_readonly("op", [](const Instr& i) { return int(i.op); })
@@ -133,15 +134,15 @@ PYBIND11_MODULE(_core, m) {
       .def("__repr__", &action_repr);
 
   py::class_<FSM>(m, "FSM")
-      .def(py::init([](std::shared_ptr<Program> program, bool dbo, uint32_t ep_rank,
-                       std::optional<uint64_t> memory_budget_bytes, uint32_t max_registered) {
-             return std::make_unique<FSM>(std::move(program), dbo, ep_rank, memory_budget_bytes, max_registered);
+      .def(py::init([](std::shared_ptr<Program> program, bool dbo, std::optional<uint64_t> memory_budget_bytes,
+                       double min_slot_us, uint32_t max_registered) {
+             return std::make_unique<FSM>(std::move(program), dbo, memory_budget_bytes, min_slot_us, max_registered);
            }),
-           py::arg("program"), py::kw_only(), py::arg("dbo") = true, py::arg("ep_rank") = 0,
-           py::arg("memory_budget_bytes") = py::none(), py::arg("max_registered") = 4096)
+           py::arg("program"), py::kw_only(), py::arg("dbo") = true, py::arg("memory_budget_bytes") = py::none(),
+           py::arg("min_slot_us") = 0.0, py::arg("max_registered") = 4096)
       .def("advance", &FSM::advance)
       .def("complete", &FSM::complete, py::arg("action_id"))
-      .def("report_tokens", &FSM::report_tokens, py::arg("task"), py::arg("mb"), py::arg("tokens_per_rank"))
+      .def("report_tokens", &FSM::report_tokens, py::arg("task"), py::arg("mb"), py::arg("expert_tokens"))
       .def("register_task", &FSM::register_task, py::arg("task"), py::arg("mb"), py::arg("deadline"),
            py::arg("memory_bytes") = py::none())
       .def_property_readonly("pc", &FSM::pc)
@@ -149,17 +150,26 @@ PYBIND11_MODULE(_core, m) {
         const Counters& c = f.counters();
         py::dict d;
         d["tasks_run"] = c.tasks_run;
+        d["offered"] = c.offered;
         d["deferred"] = c.deferred;
-        d["filled"] = c.filled;
-        d["fallen_back"] = c.fallen_back;
-        d["inline"] = c.inline_;
+        d["refused_memory"] = c.refused_memory;
+        d["placed"] = c.placed;
+        d["fallbacks"] = c.fallbacks;
         d["slots"] = c.slots;
-        d["idle_predicted_us"] = c.idle_predicted_us;
-        d["idle_observed_us"] = c.idle_observed_us;
+        d["slots_filled"] = c.slots_filled;
+        d["predicted_us"] = c.predicted_us;
+        d["observed_us"] = c.observed_us;
+        d["abs_error_us"] = c.abs_error_us;
+        d["placed_us"] = c.placed_us;
+        d["recovered_us"] = c.recovered_us;
+        d["overrun_us"] = c.overrun_us;
+        d["fallback_us"] = c.fallback_us;
         d["peak_pool_bytes"] = c.peak_pool_bytes;
         return d;
       });
 
+  m.def("load_imbalance", &load_imbalance, py::arg("expert_tokens"), py::arg("ep"),
+        "Largest per-rank token load over the mean (rank r owns a contiguous block of experts).");
   m.def("native_ns_per_action", &native_ns_per_action, py::arg("program"), py::arg("dbo") = true,
         py::arg("repeats") = 10, "Nanoseconds per advance()+complete() pair, timed inside C++.");
 }

@@ -18,7 +18,7 @@ constexpr size_t kHeaderBytes = 64;
 constexpr size_t kSectionEntryBytes = 16;
 constexpr size_t kPlanRecordBytes = 56;
 constexpr size_t kTaskRecordBytes = 32;
-constexpr size_t kSlotRecordBytes = 24;
+constexpr size_t kSlotRecordBytes = 32;
 constexpr size_t kProgramHeadBytes = 8;
 constexpr size_t kInstructionBytes = 16;
 constexpr size_t kChecksumOffset = 56;
@@ -57,8 +57,7 @@ struct TaskInfo {
 
 struct SlotInfo {
   uint32_t collective_task;
-  double static_idle_us;
-  double us_per_token;
+  double base_us, a2a_us, gemm_us;
 };
 
 struct Instr {

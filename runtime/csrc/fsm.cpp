@@ -1,5 +1,6 @@
 #include "fsm.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -9,6 +10,8 @@
 
 namespace tessera {
 namespace {
+
+constexpr double kFitEpsUs = 1e-9;  // the fit test's tolerance, as the policy's
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -30,22 +33,35 @@ const uint64_t kUnreported = bits_of(std::numeric_limits<double>::quiet_NaN());
 
 }  // namespace
 
-FSM::FSM(std::shared_ptr<const Program> program, bool dbo, uint32_t ep_rank, std::optional<uint64_t> memory_budget_bytes,
-         uint32_t max_registered)
+double load_imbalance(const std::vector<int64_t>& expert_tokens, uint32_t ep) {
+  size_t n = expert_tokens.size();
+  if (n == 0 || n % ep)
+    throw std::invalid_argument(std::to_string(n) + " per-expert token counts cannot be split evenly over " +
+                                std::to_string(ep) + " expert-parallel ranks");
+  size_t per_rank = n / ep;
+  int64_t total = 0, most = std::numeric_limits<int64_t>::min();
+  for (uint32_t r = 0; r < ep; ++r) {
+    int64_t load = 0;
+    for (size_t k = r * per_rank; k < (r + 1) * per_rank; ++k) load += expert_tokens[k];
+    total += load;
+    most = std::max(most, load);
+  }
+  return total <= 0 ? 1.0 : double(most * int64_t(ep)) / double(total);
+}
+
+FSM::FSM(std::shared_ptr<const Program> program, bool dbo, std::optional<uint64_t> memory_budget_bytes,
+         double min_slot_us, uint32_t max_registered)
     : program_(std::move(program)),
       code_(program_->code),
       dbo_(dbo),
-      ep_rank_(ep_rank),
       budget_(memory_budget_bytes.value_or(program_->plan.memory_budget_bytes)),
+      min_slot_us_(min_slot_us),
       end_(code_.size() - 1),
       capacity_(code_.size() + max_registered),
       state_(new std::atomic<uint8_t>[capacity_]),
       done_ns_(new std::atomic<int64_t>[capacity_]),
       size_(code_.size()),
       predicted_bits_(new std::atomic<uint64_t>[code_.size()]) {
-  if (ep_rank >= program_->plan.ep)
-    throw std::invalid_argument("ep_rank " + std::to_string(ep_rank) + " is not in the plan's EP group of " +
-                                std::to_string(program_->plan.ep));
   for (size_t i = 0; i < capacity_; ++i) {
     state_[i].store(kNew, std::memory_order_relaxed);
     done_ns_[i].store(0, std::memory_order_relaxed);
@@ -66,17 +82,13 @@ void FSM::complete(int64_t id) {
     throw std::invalid_argument("action " + std::to_string(id) + " was completed twice");
 }
 
-bool FSM::report_tokens(uint32_t task, uint32_t mb, const std::vector<int64_t>& tokens) {
-  if (tokens.size() != program_->plan.ep)
-    throw std::invalid_argument("expected " + std::to_string(program_->plan.ep) +
-                                " token counts (one per EP rank), got " + std::to_string(tokens.size()));
+bool FSM::report_tokens(uint32_t task, uint32_t mb, const std::vector<int64_t>& expert_tokens) {
+  double imbalance = load_imbalance(expert_tokens, program_->plan.ep);
   auto it = slot_of_.find((uint64_t(task) << 32) | mb);
   if (it == slot_of_.end()) return false;
-  const SlotInfo& slot = program_->slots[code_[it->second].a];
-  int64_t most = tokens[0];
-  for (int64_t t : tokens) most = t > most ? t : most;
-  double excess = double(most - tokens[ep_rank_]);
-  predicted_bits_[it->second].store(bits_of(slot.static_idle_us + slot.us_per_token * excess), std::memory_order_release);
+  const SlotInfo& s = program_->slots[code_[it->second].a];
+  double predicted = std::max(0.0, s.base_us + (s.a2a_us + s.gemm_us) * (imbalance - 1.0));
+  predicted_bits_[it->second].store(bits_of(predicted), std::memory_order_release);
   return true;
 }
 
@@ -94,22 +106,113 @@ int64_t FSM::register_task(uint32_t task, uint32_t mb, uint32_t deadline, std::o
     throw std::invalid_argument("more than " + std::to_string(capacity_ - code_.size()) +
                                 " tasks registered in one iteration");
   size_.store(id + 1, std::memory_order_release);
-  defer(int64_t(id), task, mb, deadline, memory_bytes.value_or(tasks[task].memory_bytes));
+  offer(int64_t(id), task, mb, deadline, memory_bytes.value_or(tasks[task].memory_bytes));
   return int64_t(id);
 }
 
-void FSM::defer(int64_t id, uint32_t task, uint32_t mb, uint32_t deadline, uint64_t memory_bytes) {
-  Pooled entry{id, task, mb, deadline, memory_bytes, program_->tasks[task].duration_us, seq_++};
-  if (!dbo_ || pool_bytes_ + memory_bytes > budget_ || pool_bytes_ + memory_bytes < pool_bytes_) {
-    ++counters_.inline_;
-    inline_.push_back(entry);
+void FSM::offer(int64_t id, uint32_t task, uint32_t mb, uint32_t deadline, uint64_t memory_bytes) {
+  Pooled entry{id, task, mb, int64_t(deadline) - 1, memory_bytes, program_->tasks[task].duration_us};
+  if (!dbo_) {
+    ready_.push_back({entry, false, false});
+    return;
+  }
+  ++counters_.offered;
+  // Compared without overflow: pool_bytes_ never exceeds budget_.
+  if (memory_bytes > budget_ - pool_bytes_) {
+    ++counters_.refused_memory;
+    ready_.push_back({entry, false, false});
     return;
   }
   state_[id].store(kPooled, std::memory_order_relaxed);
   pool_.push_back(entry);
   pool_bytes_ += memory_bytes;
   ++counters_.deferred;
-  if (pool_bytes_ > counters_.peak_pool_bytes) counters_.peak_pool_bytes = pool_bytes_;
+  counters_.peak_pool_bytes = std::max(counters_.peak_pool_bytes, pool_bytes_);
+}
+
+void FSM::take(size_t index) {
+  pool_bytes_ -= pool_[index].memory_bytes;
+  pool_.erase(pool_.begin() + std::ptrdiff_t(index));
+}
+
+void FSM::due() {
+  const int64_t step = int64_t(pc_) - 1;  // the end of the step before this instruction
+  std::vector<Pooled> out;
+  for (size_t k = 0; k < pool_.size();) {
+    if (pool_[k].deadline_step <= step) {
+      out.push_back(pool_[k]);
+      take(k);
+    } else {
+      ++k;
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const Pooled& x, const Pooled& y) { return x.id < y.id; });
+  double total = 0;  // summed first, then added, as the policy does
+  for (const Pooled& p : out) {
+    total += p.duration_us;
+    ready_.push_back({p, false, true});
+  }
+  counters_.fallbacks += out.size();
+  counters_.fallback_us += total;
+}
+
+void FSM::slot(const Instr& ins) {
+  const int64_t step = pc_++;
+  if (!dbo_ || state_[ins.b].load(std::memory_order_acquire) == kDone) return;
+  double predicted = double_of(predicted_bits_[step].load(std::memory_order_acquire));
+  if (std::isnan(predicted)) predicted = program_->slots[ins.a].base_us;
+  ++counters_.slots;
+  counters_.predicted_us += predicted;
+  double placed = 0, remaining = predicted;
+  uint64_t count = 0;
+  if (predicted >= min_slot_us_ && predicted > 0) {
+    for (;;) {
+      size_t best = pool_.size();
+      for (size_t k = 0; k < pool_.size(); ++k) {
+        const Pooled& p = pool_[k];
+        if (p.deadline_step < step || p.duration_us > remaining + kFitEpsUs) continue;
+        if (best == pool_.size()) {
+          best = k;
+          continue;
+        }
+        const Pooled& b = pool_[best];
+        if (p.duration_us != b.duration_us ? p.duration_us > b.duration_us
+                                           : (p.deadline_step != b.deadline_step ? p.deadline_step < b.deadline_step
+                                                                                 : p.id < b.id))
+          best = k;
+      }
+      if (best == pool_.size()) break;
+      Pooled chosen = pool_[best];
+      remaining -= chosen.duration_us;
+      placed += chosen.duration_us;
+      ++count;
+      take(best);
+      ++counters_.placed;
+      ready_.push_back({chosen, true, false});
+    }
+  }
+  if (count) {
+    ++counters_.slots_filled;
+    counters_.placed_us += placed;
+  }
+  pending_.push_back({ins.b, now_ns(), predicted, placed});
+}
+
+void FSM::observe() {
+  if (pending_.empty()) return;
+  size_t keep = 0;
+  for (const Observation& o : pending_) {
+    if (state_[o.collective].load(std::memory_order_acquire) != kDone) {
+      pending_[keep++] = o;
+      continue;
+    }
+    double observed = std::max(0.0, double(done_ns_[o.collective].load(std::memory_order_relaxed) - o.open_ns) / 1000.0);
+    counters_.observed_us += observed;
+    counters_.abs_error_us += std::abs(o.predicted_us - observed);
+    counters_.recovered_us += std::min(o.placed_us, observed);
+    counters_.overrun_us += std::max(0.0, o.placed_us - observed);
+  }
+  pending_.resize(keep);
 }
 
 Action FSM::issue(ActionKind kind, const Instr& ins) {
@@ -123,100 +226,29 @@ Action FSM::issue(ActionKind kind, const Instr& ins) {
   return a;
 }
 
-Action FSM::issue_deferred(const Pooled& e, bool filled, bool fallback) {
-  state_[e.id].store(kIssued, std::memory_order_release);
+Action FSM::issue_ready() {
+  Ready r = ready_.front();
+  ready_.pop_front();
+  state_[r.task.id].store(kIssued, std::memory_order_release);
   ++counters_.tasks_run;
   Action a;
   a.kind = ActionKind::Run;
-  a.id = e.id;
+  a.id = r.task.id;
   a.stream = int32_t(Stream::Compute);
-  a.task = e.task;
-  a.mb = e.mb;
-  a.filled = filled;
-  a.fallback = fallback;
+  a.task = r.task.task;
+  a.mb = r.task.mb;
+  a.filled = r.filled;
+  a.fallback = r.fallback;
   return a;
-}
-
-Action FSM::issue_pooled(size_t index, bool filled, bool fallback) {
-  Pooled e = pool_[index];
-  pool_.erase(pool_.begin() + std::ptrdiff_t(index));
-  pool_bytes_ -= e.memory_bytes;
-  return issue_deferred(e, filled, fallback);
-}
-
-Action FSM::issue_inline() {
-  Pooled e = inline_.front();
-  inline_.pop_front();
-  return issue_deferred(e, false, false);
-}
-
-void FSM::open_slot(const Instr& ins) {
-  size_t i = pc_++;
-  if (!dbo_ || state_[ins.b].load(std::memory_order_acquire) == kDone) return;
-  double predicted = double_of(predicted_bits_[i].load(std::memory_order_acquire));
-  if (std::isnan(predicted)) predicted = program_->slots[ins.a].static_idle_us;
-  ++counters_.slots;
-  counters_.idle_predicted_us += predicted;
-  slot_ = OpenSlot{ins.b, predicted};
-  pending_observations_.emplace_back(ins.b, now_ns());
-}
-
-std::optional<Action> FSM::fill() {
-  OpenSlot& slot = *slot_;
-  if (state_[slot.collective].load(std::memory_order_acquire) != kDone) {
-    size_t best = pool_.size();
-    for (size_t k = 0; k < pool_.size(); ++k) {
-      const Pooled& p = pool_[k];
-      if (p.duration_us > slot.budget_us) continue;
-      if (best == pool_.size()) { best = k; continue; }
-      const Pooled& b = pool_[best];
-      if (p.duration_us > b.duration_us ||
-          (p.duration_us == b.duration_us && (p.deadline < b.deadline || (p.deadline == b.deadline && p.seq < b.seq))))
-        best = k;
-    }
-    if (best != pool_.size()) {
-      slot.budget_us -= pool_[best].duration_us;
-      ++counters_.filled;
-      return issue_pooled(best, true, false);
-    }
-  }
-  slot_.reset();
-  return std::nullopt;
-}
-
-void FSM::observe() {
-  if (pending_observations_.empty()) return;
-  size_t keep = 0;
-  for (auto& [collective, open] : pending_observations_) {
-    if (state_[collective].load(std::memory_order_acquire) == kDone) {
-      int64_t waited = done_ns_[collective].load(std::memory_order_relaxed) - open;
-      counters_.idle_observed_us += waited > 0 ? double(waited) / 1000.0 : 0.0;
-    } else {
-      pending_observations_[keep++] = {collective, open};
-    }
-  }
-  pending_observations_.resize(keep);
 }
 
 Action FSM::advance() {
   observe();
-  if (!inline_.empty()) return issue_inline();
   for (;;) {
-    if (slot_) {
-      if (auto a = fill()) return *a;
-      continue;
-    }
-    size_t due = pool_.size();
-    for (size_t k = 0; k < pool_.size(); ++k) {
-      const Pooled& p = pool_[k];
-      if (p.deadline > pc_) continue;
-      if (due == pool_.size() || p.deadline < pool_[due].deadline ||
-          (p.deadline == pool_[due].deadline && p.seq < pool_[due].seq))
-        due = k;
-    }
-    if (due != pool_.size()) {
-      ++counters_.fallen_back;
-      return issue_pooled(due, false, true);
+    if (!ready_.empty()) return issue_ready();
+    if (!pool_.empty()) {
+      due();
+      if (!ready_.empty()) continue;
     }
     const Instr& ins = code_[pc_];
     switch (ins.op) {
@@ -244,22 +276,14 @@ Action FSM::advance() {
       }
       case Op::Defer: {
         uint32_t i = pc_++;
-        defer(i, ins.a, ins.mb, ins.b, program_->tasks[ins.a].memory_bytes);
-        if (!inline_.empty()) return issue_inline();
+        offer(i, ins.a, ins.mb, ins.b, program_->tasks[ins.a].memory_bytes);
         continue;
       }
       case Op::Wait: {
-        uint8_t s = state_[ins.a].load(std::memory_order_acquire);
-        if (s == kDone) {
+        // The loader guarantees a waited-on DEFER's deadline is at or before the wait, so it has run.
+        if (state_[ins.a].load(std::memory_order_acquire) == kDone) {
           ++pc_;
           continue;
-        }
-        if (s == kPooled) {  // waited on before its deadline: run it now
-          for (size_t k = 0; k < pool_.size(); ++k)
-            if (pool_[k].id == int64_t(ins.a)) {
-              ++counters_.fallen_back;
-              return issue_pooled(k, false, true);
-            }
         }
         Action a;
         a.kind = ActionKind::Wait;
@@ -267,13 +291,13 @@ Action FSM::advance() {
         return a;
       }
       case Op::Slot:
-        open_slot(ins);
+        slot(ins);
         continue;
       case Op::End: {
         size_t n = size_.load(std::memory_order_relaxed);
+        // Nothing is issued once END is reached, so entries below end_scan_ stay finished (or never were work).
         while (end_scan_ < n && state_[end_scan_].load(std::memory_order_acquire) != kIssued) ++end_scan_;
         if (end_scan_ < n) {
-          // Everything below end_scan_ is finished or never was work; recheck from here next time.
           Action a;
           a.kind = ActionKind::Wait;
           a.wait_for = int64_t(end_scan_);
@@ -290,7 +314,7 @@ double native_ns_per_action(std::shared_ptr<const Program> program, bool dbo, in
   uint64_t actions = 0;
   int64_t total = 0;
   for (int r = 0; r < repeats; ++r) {
-    FSM fsm(program, dbo, 0, std::nullopt, 0);
+    FSM fsm(program, dbo, std::nullopt, 0.0, 0);
     int64_t start = now_ns();
     for (;;) {
       Action a = fsm.advance();

@@ -1,6 +1,7 @@
 // The per-rank finite-state machine: steps a trainer through one rank's
-// program. Semantics are runtime/reference.py's, which is the readable form;
-// the differential tests hold the two to the same actions and counters.
+// program. Semantics are runtime/reference.py's, which is the readable form
+// (the DBO part follows the simulator's policy, steps being instruction
+// indices); the differential tests hold the two to the same actions and counters.
 //
 // Threads: advance() and register_task() belong to the training thread;
 // complete() and report_tokens() may be called from any thread (a monitor
@@ -39,15 +40,21 @@ struct Action {
   int64_t wait_for = -1;
 };
 
+// runtime/reference.py's COUNTER_NAMES, in the same order.
 struct Counters {
-  uint64_t tasks_run = 0, deferred = 0, filled = 0, fallen_back = 0, inline_ = 0, slots = 0;
-  double idle_predicted_us = 0, idle_observed_us = 0;
+  uint64_t tasks_run = 0, offered = 0, deferred = 0, refused_memory = 0, placed = 0, fallbacks = 0, slots = 0,
+           slots_filled = 0;
+  double predicted_us = 0, observed_us = 0, abs_error_us = 0, placed_us = 0, recovered_us = 0, overrun_us = 0,
+         fallback_us = 0;
   uint64_t peak_pool_bytes = 0;
 };
 
+// Largest per-rank token load over the mean; rank r owns experts r*E/ep .. (r+1)*E/ep - 1.
+double load_imbalance(const std::vector<int64_t>& expert_tokens, uint32_t ep);
+
 class FSM {
  public:
-  FSM(std::shared_ptr<const Program> program, bool dbo, uint32_t ep_rank, std::optional<uint64_t> memory_budget_bytes,
+  FSM(std::shared_ptr<const Program> program, bool dbo, std::optional<uint64_t> memory_budget_bytes, double min_slot_us,
       uint32_t max_registered);
 
   // Training thread.
@@ -55,40 +62,43 @@ class FSM {
   int64_t register_task(uint32_t task, uint32_t mb, uint32_t deadline, std::optional<uint64_t> memory_bytes);
   const Counters& counters() const { return counters_; }
   uint32_t pc() const { return pc_; }
-  const Program& program() const { return *program_; }
 
   // Any thread.
   void complete(int64_t action_id);
-  bool report_tokens(uint32_t task, uint32_t mb, const std::vector<int64_t>& tokens_per_rank);
+  bool report_tokens(uint32_t task, uint32_t mb, const std::vector<int64_t>& expert_tokens);
 
  private:
   enum : uint8_t { kNew = 0, kIssued = 1, kDone = 2, kPooled = 3 };
   struct Pooled {
     int64_t id;
-    uint32_t task, mb, deadline;
+    uint32_t task, mb;
+    int64_t deadline_step;
     uint64_t memory_bytes;
     double duration_us;
-    uint64_t seq;
   };
-  struct OpenSlot {
+  struct Ready {
+    Pooled task;
+    bool filled, fallback;
+  };
+  struct Observation {
     uint32_t collective;
-    double budget_us;
+    int64_t open_ns;
+    double predicted_us, placed_us;
   };
 
   Action issue(ActionKind kind, const Instr& ins);
-  Action issue_deferred(const Pooled& entry, bool filled, bool fallback);
-  Action issue_pooled(size_t pool_index, bool filled, bool fallback);
-  Action issue_inline();
-  void defer(int64_t id, uint32_t task, uint32_t mb, uint32_t deadline, uint64_t memory_bytes);
-  void open_slot(const Instr& ins);
-  std::optional<Action> fill();
+  Action issue_ready();
+  void offer(int64_t id, uint32_t task, uint32_t mb, uint32_t deadline, uint64_t memory_bytes);
+  void take(size_t pool_index);
+  void due();
+  void slot(const Instr& ins);
   void observe();
 
   std::shared_ptr<const Program> program_;
   const std::vector<Instr>& code_;
   bool dbo_;
-  uint32_t ep_rank_;
   uint64_t budget_;
+  double min_slot_us_;
   size_t end_;
   size_t capacity_;
   std::unique_ptr<std::atomic<uint8_t>[]> state_;
@@ -100,16 +110,14 @@ class FSM {
   uint32_t pc_ = 0;
   std::vector<Pooled> pool_;
   uint64_t pool_bytes_ = 0;
-  uint64_t seq_ = 0;
-  std::deque<Pooled> inline_;
-  std::optional<OpenSlot> slot_;
-  std::vector<std::pair<uint32_t, int64_t>> pending_observations_;
+  std::deque<Ready> ready_;
+  std::vector<Observation> pending_;
   size_t end_scan_ = 0;
   Counters counters_;
 };
 
-// advance()/complete() pairs per second on `program` with no work in between:
-// the interpreter's own cost per action, measured natively.
+// Nanoseconds per advance()+complete() pair on `program` with no work in
+// between: the interpreter's own cost per action, timed inside C++.
 double native_ns_per_action(std::shared_ptr<const Program> program, bool dbo, int repeats);
 
 }  // namespace tessera

@@ -176,12 +176,12 @@ std::vector<SlotInfo> decode_slots(const uint8_t* d, const Section& s, const std
   for (uint64_t i = 0; i < count; ++i) {
     const uint8_t* p = d + start + i * kSlotRecordBytes;
     uint32_t task = rd32(p), reserved = rd32(p + 4);
-    double static_us = rdf64(p + 8), per_token = rdf64(p + 16);
+    double base_us = rdf64(p + 8), a2a_us = rdf64(p + 16), gemm_us = rdf64(p + 24);
     if (task >= tasks.size() || tasks[task].resource != Stream::Comm)
       fail("slot", cat("slot ", i, " waits on task ", task, ", which is not a comm task of the plan"));
-    if (reserved || !finite_nonnegative(static_us) || !finite_nonnegative(per_token))
-      fail("slot", cat("slot ", i, " has a non-zero reserved field or a negative or non-finite prediction"));
-    slots.push_back({task, static_us, per_token});
+    if (reserved || !finite_nonnegative(base_us) || !finite_nonnegative(a2a_us) || !finite_nonnegative(gemm_us))
+      fail("slot", cat("slot ", i, " has a non-zero reserved field or a negative or non-finite time"));
+    slots.push_back({task, base_us, a2a_us, gemm_us});
   }
   return slots;
 }
@@ -249,6 +249,7 @@ void check_instructions(Program& prog) {
         need(aux == 0 && mb == 0 && b == 0, "WAIT takes one operand, the instruction waited on");
         need(a < i, cat("waits on instruction ", a, ", which does not come before it"));
         need(completing(code[a].op), cat("waits on instruction ", a, ", which is not work that completes"));
+        need(code[a].op != Op::Defer || code[a].b <= i, cat("waits on DEFER ", a, ", whose deadline comes after the wait"));
         break;
       case Op::Slot:
         need(stream == 0 && aux == 0, "SLOT is on the compute stream");

@@ -69,7 +69,7 @@ struct Run {
 
 // Runs one rank; `threaded` hands communication to a monitor thread.
 Run run_rank(const std::shared_ptr<const Program>& prog, bool threaded, uint64_t seed) {
-  FSM fsm(prog, true, 0, std::nullopt, 0);
+  FSM fsm(prog, true, std::nullopt, 0.0, 0);
   const size_t n = prog->code.size();
   Run run{std::vector<int64_t>(n, -1), std::vector<int64_t>(n, -1)};
   std::vector<std::atomic<int64_t>> completed(n);
@@ -93,7 +93,7 @@ Run run_rank(const std::shared_ptr<const Program>& prog, bool threaded, uint64_t
           if (!ring.pop(id)) { std::this_thread::yield(); continue; }
           const Instr& ins = prog->code[id];
           if (ins.op == Op::Collective && ins.aux == 0) {
-            std::vector<int64_t> tokens(prog->plan.ep);
+            std::vector<int64_t> tokens(size_t(prog->plan.ep) * (1 + rng() % 3));
             for (auto& t : tokens) t = int64_t(rng() % 512);
             fsm.report_tokens(ins.a, ins.mb, tokens);
           }

@@ -72,7 +72,8 @@ def _tables(rng: random.Random, layers_per_stage: list[list[str]]) -> _Tables:
     for i in index.values():
         if tasks[i].resource == Stream.COMM and rng.random() < 0.7:
             slot_of[i] = len(slots)
-            slots.append(SlotInfo(i, round(rng.uniform(0.0, 80.0), 3), round(rng.uniform(0.0, 0.5), 4)))
+            base, a2a, gemm = (round(rng.uniform(0.0, 80.0), 3) for _ in range(3))
+            slots.append(SlotInfo(i, base, a2a, gemm))
     return _Tables(tasks, index, slots, slot_of)
 
 
@@ -195,7 +196,8 @@ def drive(fsm: Any, program: Any, seed: int, *, register: bool = True, max_steps
             fsm.complete(in_flight.pop(rng.randrange(len(in_flight))))
             continue
         if comm and roll < 0.4:
-            fsm.report_tokens(rng.choice(comm), rng.randrange(mbs), [rng.randrange(256) for _ in range(ep)])
+            experts = ep * rng.randint(1, 3)
+            fsm.report_tokens(rng.choice(comm), rng.randrange(mbs), [rng.randrange(256) for _ in range(experts)])
             continue
         if register and movable and roll < 0.43 and fsm.pc < end - 1:
             deadline = rng.randint(fsm.pc + 1, end)
@@ -204,7 +206,7 @@ def drive(fsm: Any, program: Any, seed: int, *, register: bool = True, max_steps
         a = fsm.advance()
         log.append(action_key(a))
         if a.kind == 5:  # DONE
-            return log, dict(fsm.counters if isinstance(fsm.counters, dict) else fsm.counters.as_dict())
+            return log, dict(fsm.counters)
         if a.kind == 4:  # WAIT
             assert a.wait_for in in_flight, f"WAIT for {a.wait_for}, which is not in flight"
             in_flight.remove(a.wait_for)
