@@ -46,7 +46,7 @@ sanitize: $(STAMP)
 	cmake -S . -B $(SANITIZE_DIR) -G Ninja -DTESSERA_SANITIZE=ON -DPython_EXECUTABLE=$(abspath $(BIN)/python) \
 	  -Dpybind11_DIR=$$($(BIN)/python -m pybind11 --cmakedir) >/dev/null
 	cmake --build $(SANITIZE_DIR)
-	$(BIN)/python tests/runtime/program_gen.py $(SANITIZE_DIR)/plans
+	$(BIN)/python tests/program_gen.py $(SANITIZE_DIR)/plans
 	$(SANITIZE_DIR)/runtime_selftest $(SANITIZE_DIR)/plans/*.tsb
 	# libstdc++ is preloaded beside libasan so its exception interceptors resolve in python.
 	ASAN_OPTIONS=detect_leaks=0 LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-name=libstdc++.so)" \

@@ -12,11 +12,12 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from program_gen import drive, generate_bytes
 
 import runtime
 from runtime import reference
 from runtime.reference import CLOCK_COUNTERS, ReferenceFSM, _Pooled
+
+from program_gen import drive, generate_bytes
 
 dbo = pytest.importorskip("runtime.dbo", reason="the DBO policy module is not in this tree yet")
 

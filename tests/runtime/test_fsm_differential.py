@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from program_gen import drive, generate_bytes
 
 import runtime
 from runtime import reference
 from runtime.reference import CLOCK_COUNTERS
+
+from program_gen import drive, generate_bytes
 
 
 def run_both(data: bytes, rank: int, seed: int, **options: object) -> tuple[list, dict]:

@@ -16,10 +16,11 @@ import threading
 import time
 
 import pytest
-from program_gen import generate_bytes
 
 import runtime
 from runtime import ActionKind, Op, Stream, reference
+
+from program_gen import generate_bytes
 
 WORK_OPS = (Op.RUN, Op.SEND, Op.RECV, Op.COLLECTIVE)
 

@@ -11,12 +11,13 @@ import struct
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from program_gen import drive, generate_bytes
 
 import runtime
 from runtime import PlanError, reference
 from runtime.bytecode import reseal
 from runtime.reference import CLOCK_COUNTERS
+
+from program_gen import drive, generate_bytes
 
 PLANS = [generate_bytes(seed) for seed in range(8)]
 

@@ -6,12 +6,13 @@ import struct
 from collections.abc import Callable
 
 import pytest
-from program_gen import generate_bytes, generate_plan
 
 import runtime
 from runtime import PlanError, bytecode, reference
 from runtime.bytecode import HEADER, SECTION_ENTRY, SectionKind, decode, encode, reseal
 from runtime.errors import REASONS
+
+from program_gen import generate_bytes, generate_plan
 
 
 def sections(data: bytes) -> list[tuple[int, int, int, int, int]]:

@@ -9,7 +9,7 @@ trainer against an FSM with seeded random completion order, token reports and
 run-time registrations, and records what the FSM did.
 
 Run as a script, it writes plans for the native sanitizer self-test:
-``python tests/runtime/program_gen.py OUTDIR``.
+``python tests/program_gen.py OUTDIR``.
 """
 
 from __future__ import annotations
