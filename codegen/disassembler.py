@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 from runtime.bytecode import (
     FORMAT_VERSION,
@@ -156,7 +157,7 @@ def _float(line_no: int, value: str) -> float:
         raise _bad(line_no, f"'{value}' is not a number") from None
 
 
-def _choice(line_no: int, value: str, table: dict, what: str) -> int:
+def _choice(line_no: int, value: str, table: dict[Any, str], what: str) -> int:
     for key, name in table.items():
         if name == value:
             return int(key)
@@ -230,9 +231,9 @@ def assemble(text: str) -> bytes:
     if not plan_line.startswith("plan "):
         raise _bad(n, "expected the 'plan' line")
     v = _fields(n, plan_line, (*PLAN_INTS, *PLAN_STRS, "memory_budget_bytes"))
-    plan = PlanInfo(
-        *(_int(n, v[k]) for k in PLAN_INTS), *(_str(n, v[k]) for k in PLAN_STRS), _int(n, v["memory_budget_bytes"])
-    )
+    pp, vpp, ep, tp, mbs, mbsize, seq = (_int(n, v[k]) for k in PLAN_INTS)
+    dtype, model, source, hardware = (_str(n, v[k]) for k in PLAN_STRS)
+    plan = PlanInfo(pp, vpp, ep, tp, mbs, mbsize, seq, dtype, model, source, hardware, _int(n, v["memory_budget_bytes"]))
     tasks: list[TaskInfo] = []
     slots: list[SlotInfo] | None = None
     programs: dict[int, list[Instr]] = {}

@@ -18,6 +18,7 @@ import importlib.util
 import os
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from runtime.bytecode import FORMAT_VERSION, Collective, Group, Op, Payload, Stream
 from runtime.errors import REASONS, PlanError
@@ -41,9 +42,12 @@ def _load_core() -> ModuleType:
 
 
 _core = _load_core()
-FSM = _core.FSM
-Program = _core.Program
-Action = _core.Action
+if TYPE_CHECKING:
+    from runtime._core import FSM, Action, Program
+else:
+    FSM = _core.FSM
+    Program = _core.Program
+    Action = _core.Action
 
 
 def load_plan(source: str | os.PathLike[str] | bytes | bytearray | memoryview, rank: int, signature: bytes | None = None) -> Program:
@@ -61,7 +65,8 @@ def load_plan(source: str | os.PathLike[str] | bytes | bytearray | memoryview, r
             data = path.read_bytes()
         except OSError as err:
             raise PlanError(f"cannot read plan '{path}': {err.strerror}", "unreadable") from None
-    return _core.load_program(data, rank, signature)
+    program: Program = _core.load_program(data, rank, signature)
+    return program
 
 
 __all__ = [

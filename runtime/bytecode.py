@@ -476,7 +476,7 @@ def _decode_program(
 class _InstructionChecker:
     """Operand rules per opcode (docs/bytecode.md, "Instructions"); the C++ loader mirrors them."""
 
-    def __init__(self, rank: int, plan: PlanInfo, tasks: Sequence[TaskInfo], slots: Sequence[SlotInfo] | None, raw: list):
+    def __init__(self, rank: int, plan: PlanInfo, tasks: Sequence[TaskInfo], slots: Sequence[SlotInfo] | None, raw: list[tuple[int, ...]]):
         self.rank, self.plan, self.tasks, self.slots, self.raw = rank, plan, tasks, slots, raw
         self.last = len(raw) - 1
 

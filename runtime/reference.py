@@ -35,6 +35,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Any
 
 from runtime.bytecode import Instr, Op, PlanImage, PlanInfo, SlotInfo, Stream, TaskInfo, decode
 
@@ -196,7 +197,7 @@ class ReferenceFSM:
         self.pool_bytes = 0
         self.ready: deque[tuple[_Pooled, bool, bool]] = deque()  # (task, filled, fallback), issued first
         self.pending: list[_Observation] = []
-        self.c = dict.fromkeys(COUNTER_NAMES, 0)
+        self.c: dict[str, float] = dict.fromkeys(COUNTER_NAMES, 0)
         for key in ("predicted_us", "observed_us", "abs_error_us", "placed_us", "recovered_us", "overrun_us", "fallback_us"):
             self.c[key] = 0.0
         # SLOT instructions by (All-to-All task, micro-batch), for report_tokens; the last one wins.
@@ -291,7 +292,7 @@ class ReferenceFSM:
 
     # ------------------------------------------------------------ internals
 
-    def _issue(self, kind: ActionKind, ins: Instr, **fields: int) -> Action:
+    def _issue(self, kind: ActionKind, ins: Instr, **fields: Any) -> Action:
         i = self.pc
         self.state[i] = ISSUED
         self.pc += 1
