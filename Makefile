@@ -66,6 +66,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_pair_schedule.py
 	$(BIN)/python bench/bench_partition.py
 	$(BIN)/python bench/bench_cost_model.py
+	$(BIN)/python bench/bench_runtime.py
 
 clean:
 	rm -rf $(VENV) out build *.egg-info

@@ -124,27 +124,29 @@ void FSM::offer(int64_t id, uint32_t task, uint32_t mb, uint32_t deadline, uint6
     return;
   }
   state_[id].store(kPooled, std::memory_order_relaxed);
-  pool_.push_back(entry);
+  pool_.emplace(id, entry);
+  by_deadline_.emplace(entry.deadline_step, id);
+  by_fit_.emplace(-entry.duration_us, entry.deadline_step, id);
   pool_bytes_ += memory_bytes;
   ++counters_.deferred;
   counters_.peak_pool_bytes = std::max(counters_.peak_pool_bytes, pool_bytes_);
 }
 
-void FSM::take(size_t index) {
-  pool_bytes_ -= pool_[index].memory_bytes;
-  pool_.erase(pool_.begin() + std::ptrdiff_t(index));
+void FSM::take(const Pooled& e) {
+  pool_bytes_ -= e.memory_bytes;
+  by_deadline_.erase({e.deadline_step, e.id});
+  by_fit_.erase({-e.duration_us, e.deadline_step, e.id});
+  pool_.erase(e.id);
 }
 
 void FSM::due() {
   const int64_t step = int64_t(pc_) - 1;  // the end of the step before this instruction
+  if (by_deadline_.empty() || by_deadline_.begin()->first > step) return;
   std::vector<Pooled> out;
-  for (size_t k = 0; k < pool_.size();) {
-    if (pool_[k].deadline_step <= step) {
-      out.push_back(pool_[k]);
-      take(k);
-    } else {
-      ++k;
-    }
+  while (!by_deadline_.empty() && by_deadline_.begin()->first <= step) {
+    Pooled e = pool_.at(by_deadline_.begin()->second);
+    out.push_back(e);
+    take(e);
   }
   std::sort(out.begin(), out.end(), [](const Pooled& x, const Pooled& y) { return x.id < y.id; });
   double total = 0;  // summed first, then added, as the policy does
@@ -167,26 +169,17 @@ void FSM::slot(const Instr& ins) {
   uint64_t count = 0;
   if (predicted >= min_slot_us_ && predicted > 0) {
     for (;;) {
-      size_t best = pool_.size();
-      for (size_t k = 0; k < pool_.size(); ++k) {
-        const Pooled& p = pool_[k];
-        if (p.deadline_step < step || p.duration_us > remaining + kFitEpsUs) continue;
-        if (best == pool_.size()) {
-          best = k;
-          continue;
-        }
-        const Pooled& b = pool_[best];
-        if (p.duration_us != b.duration_us ? p.duration_us > b.duration_us
-                                           : (p.deadline_step != b.deadline_step ? p.deadline_step < b.deadline_step
-                                                                                 : p.id < b.id))
-          best = k;
-      }
-      if (best == pool_.size()) break;
-      Pooled chosen = pool_[best];
+      // The first entry in best-fit order whose duration fits; due() already removed every task
+      // whose deadline step is before this one, but the policy's rule is kept explicit.
+      auto it = by_fit_.lower_bound({-(remaining + kFitEpsUs), std::numeric_limits<int64_t>::min(),
+                                     std::numeric_limits<int64_t>::min()});
+      while (it != by_fit_.end() && std::get<1>(*it) < step) ++it;
+      if (it == by_fit_.end()) break;
+      Pooled chosen = pool_.at(std::get<2>(*it));
       remaining -= chosen.duration_us;
       placed += chosen.duration_us;
       ++count;
-      take(best);
+      take(chosen);
       ++counters_.placed;
       ready_.push_back({chosen, true, false});
     }

@@ -15,6 +15,8 @@
 #include <deque>
 #include <memory>
 #include <optional>
+#include <set>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -89,7 +91,7 @@ class FSM {
   Action issue(ActionKind kind, const Instr& ins);
   Action issue_ready();
   void offer(int64_t id, uint32_t task, uint32_t mb, uint32_t deadline, uint64_t memory_bytes);
-  void take(size_t pool_index);
+  void take(const Pooled& entry);
   void due();
   void slot(const Instr& ins);
   void observe();
@@ -108,7 +110,11 @@ class FSM {
   std::unordered_map<uint64_t, uint32_t> slot_of_;             // (task << 32 | mb) -> SLOT instruction
 
   uint32_t pc_ = 0;
-  std::vector<Pooled> pool_;
+  // The pool, indexed two ways: by (deadline step, id) for fallbacks and by
+  // (-duration, deadline step, id), the best-fit order, for filling slots.
+  std::unordered_map<int64_t, Pooled> pool_;
+  std::set<std::pair<int64_t, int64_t>> by_deadline_;
+  std::set<std::tuple<double, int64_t, int64_t>> by_fit_;
   uint64_t pool_bytes_ = 0;
   std::deque<Ready> ready_;
   std::vector<Observation> pending_;

@@ -190,6 +190,13 @@ bool completing(Op op) {
   return op == Op::Run || op == Op::Send || op == Op::Recv || op == Op::Collective || op == Op::Defer;
 }
 
+// A macro rather than a function so that the message is only built when the check fails:
+// programs have hundreds of thousands of instructions.
+#define need(ok, why) \
+  do {                \
+    if (!(ok)) bad(why); \
+  } while (0)
+
 void check_instructions(Program& prog) {
   const PlanInfo& plan = prog.plan;
   const auto& code = prog.code;
@@ -202,9 +209,6 @@ void check_instructions(Program& prog) {
     auto bad = [&](const std::string& why) {
       const char* name = op_name(op);
       fail("instruction", cat("rank ", rank, " instruction ", i, " (", name ? name : std::to_string(op), "): ", why));
-    };
-    auto need = [&](bool ok, const std::string& why) {
-      if (!ok) bad(why);
     };
     auto mb_ok = [&] { need(mb < plan.microbatches, cat("micro-batch ", mb, " is not below the plan's ", plan.microbatches)); };
     if (op >= kOpCount) bad("unknown opcode");
@@ -268,6 +272,8 @@ void check_instructions(Program& prog) {
   }
 }
 
+#undef need
+
 std::string hex_prefix(const std::string& bytes) {
   static const char* digits = "0123456789abcdef";
   std::string out;
@@ -291,9 +297,17 @@ uint32_t crc32_of_plan(const uint8_t* data, size_t n) {
     return t;
   }();
   uint32_t crc = 0xFFFFFFFFu;
-  for (size_t i = 0; i < n; ++i) {
-    uint8_t byte = (i >= kChecksumOffset && i < kChecksumOffset + 4) ? 0 : data[i];
-    crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8);
+  auto feed = [&](const uint8_t* p, size_t len) {
+    for (size_t i = 0; i < len; ++i) crc = table[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
+  };
+  // The checksum field itself is read as four zero bytes.
+  static const uint8_t zeros[4] = {0, 0, 0, 0};
+  size_t head = std::min(n, kChecksumOffset);
+  feed(data, head);
+  if (n > kChecksumOffset) {
+    size_t field = std::min<size_t>(4, n - kChecksumOffset);
+    feed(zeros, field);
+    if (n > kChecksumOffset + 4) feed(data + kChecksumOffset + 4, n - kChecksumOffset - 4);
   }
   return crc ^ 0xFFFFFFFFu;
 }
