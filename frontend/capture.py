@@ -9,9 +9,17 @@ Task decomposition of decoder layer ``lI`` (names ``lI.{op}.{phase}``):
 - dense: ``dense_mlp.fwd`` after M.fwd;
 - backward mirrors forward in reverse: ``combine.dgrad`` and ``shared_expert.dgrad``
   after the next layer's input-gradient tasks (``head.lm_head.dgrad`` for the last
-  layer), then ``expert_gemm.dgrad``, ``dispatch.dgrad``, ``router.dgrad``, and
-  ``M.dgrad`` after router.dgrad and shared_expert.dgrad (or dense_mlp.dgrad);
-- ``X.wgrad`` after ``X.dgrad`` for every weighted op, movable.
+  layer), then ``expert_gemm.dgrad`` and ``dispatch.dgrad``; ``router.dgrad`` after
+  combine.dgrad (the gate gradient is formed in the combine's backward, from the output
+  gradient and the saved expert outputs: it does not wait for the tokens' gradient to come
+  back); ``M.dgrad`` after router.dgrad, dispatch.dgrad and shared_expert.dgrad (or
+  dense_mlp.dgrad), whose gradients it sums;
+- ``X.wgrad`` for every weighted op, movable, after the gradient it needs: for a single
+  GEMM or lookup (router, LM head, embedding;
+  ``kinds.WGRAD_FROM_OUTPUT_GRADIENT``) the gradient of the op's output, i.e. the tasks
+  its dgrad waits for, so it may run beside or before its dgrad; for a block of several
+  GEMMs (mixers, expert and shared-expert MLPs, dense MLP) its dgrad, which forms the
+  gradients at the block's inner GEMM outputs.
 
 A layer without a mixer or an FFN omits those tasks; the chain stays connected.
 """
@@ -29,7 +37,17 @@ from frontend.errors import CaptureError, ParallelMismatchError
 from frontend.recognizers import Block
 from frontend.sources import load_source
 from frontend.trace import LayerTrace, capture_stack
-from tessera_ir.kinds import MIXER_OPS, WEIGHTED_OPS, FfnKind, LayerRole, MixerKind, Phase, TaskOp, resource_of
+from tessera_ir.kinds import (
+    MIXER_OPS,
+    WEIGHTED_OPS,
+    WGRAD_FROM_OUTPUT_GRADIENT,
+    FfnKind,
+    LayerRole,
+    MixerKind,
+    Phase,
+    TaskOp,
+    resource_of,
+)
 from tessera_ir.model import Layer, Module, Task
 from tessera_ir.parallel import ParallelConfig
 
@@ -179,7 +197,8 @@ class _Emitter:
         name = f"{layer.name}.{op.value}.dgrad"
         layer.tasks.append(_compute(name, op, Phase.DGRAD, deps, work, self.d))
         if op in WEIGHTED_OPS:
-            layer.tasks.append(_compute(f"{layer.name}.{op.value}.wgrad", op, Phase.WGRAD, [name], work, self.d))
+            needs = deps if op in WGRAD_FROM_OUTPUT_GRADIENT else [name]
+            layer.tasks.append(_compute(f"{layer.name}.{op.value}.wgrad", op, Phase.WGRAD, needs, work, self.d))
         return name
 
     def backward(self, layer: Layer, lw: _LayerWork, grad_in: list[str]) -> list[str]:
@@ -197,8 +216,8 @@ class _Emitter:
             dispatch = f"{n}.dispatch.dgrad"
             layer.tasks.append(_task(dispatch, TaskOp.DISPATCH, Phase.DGRAD, [experts], bytes=lw.comm_bytes,
                                      shapes=lw.comm_shapes[TaskOp.DISPATCH]))
-            router = self._grad(layer, TaskOp.ROUTER, lw.ops[TaskOp.ROUTER], [dispatch])
-            before_mixer = [router] + shared
+            router = self._grad(layer, TaskOp.ROUTER, lw.ops[TaskOp.ROUTER], [combine])
+            before_mixer = [router, dispatch] + shared
         elif lw.ffn is FfnKind.DENSE:
             before_mixer = [self._grad(layer, TaskOp.DENSE_MLP, lw.ops[TaskOp.DENSE_MLP], grad_in)]
         if lw.mixer is not MixerKind.NONE:
@@ -302,7 +321,7 @@ def capture(source: str | nn.Module, parallel: ParallelConfig | None = None, ove
     last = decoder[-1].name if decoder else "embed"
     head.tasks.append(_compute("head.lm_head.fwd", TaskOp.LM_HEAD, Phase.FWD, outputs[last], h_work, d))
     head.tasks.append(_compute("head.lm_head.dgrad", TaskOp.LM_HEAD, Phase.DGRAD, ["head.lm_head.fwd"], h_work, d))
-    head.tasks.append(_compute("head.lm_head.wgrad", TaskOp.LM_HEAD, Phase.WGRAD, ["head.lm_head.dgrad"], h_work, d))
+    head.tasks.append(_compute("head.lm_head.wgrad", TaskOp.LM_HEAD, Phase.WGRAD, ["head.lm_head.fwd"], h_work, d))
 
     # Backward, last layer first: each layer's output gradient comes from its consumer's input gradient.
     grad_of: dict[str, list[str]] = {last: ["head.lm_head.dgrad"]} if decoder else {}

@@ -90,6 +90,14 @@ WEIGHTED_OPS = frozenset(
     }
 )
 
+# Weighted operations whose weight gradient needs only the gradient of the op's output (and
+# the saved input): one GEMM (the router's gating matrix, the output projection) or a
+# lookup (the embedding). Their wgrad waits for what their dgrad waits for, not for the
+# dgrad. Every other weighted op is a block of several GEMMs (a mixer's projections around
+# its core, an MLP's gate, up and down projections): the gradients at the outputs of its
+# inner GEMMs are formed by the block's dgrad, so its wgrad follows the dgrad.
+WGRAD_FROM_OUTPUT_GRADIENT = frozenset({TaskOp.ROUTER, TaskOp.LM_HEAD, TaskOp.EMBEDDING})
+
 MIXER_OPS: dict[MixerKind, TaskOp] = {
     MixerKind.ATTENTION: TaskOp.ATTENTION,
     MixerKind.SLIDING_ATTENTION: TaskOp.SLIDING_ATTENTION,

@@ -7,9 +7,9 @@ entity at fault and, when the module came from text, its line and column.
 
 The checks assume nothing the others establish: a module with dangling
 references or a cycle still gets every other check run over it without a crash.
-Every check is linear in the size of the module, except ``wgrad-after-dgrad``,
+Every check is linear in the size of the module, except ``wgrad-after-gradient``,
 which searches backwards from a wgrad task only when it has no direct edge to
-its dgrad.
+the gradient it needs.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from tessera_ir.kinds import (
     COMM_OPS,
     MIXER_OPS,
     WEIGHTED_OPS,
+    WGRAD_FROM_OUTPUT_GRADIENT,
     FfnKind,
     LayerRole,
     MixerKind,
@@ -310,9 +311,13 @@ def _op(op: object) -> str:
     return op.value if isinstance(op, TaskOp) else str(op)
 
 
-@check("wgrad-after-dgrad", "a wgrad task depends on the dgrad of its op in its layer")
-def _wgrad_after_dgrad(module: Module) -> Iterator[VerifyError]:
-    r = _Reporter("wgrad-after-dgrad", module)
+@check(
+    "wgrad-after-gradient",
+    "a wgrad task waits for the gradient it needs: its op's output gradient (what the dgrad waits for), and "
+    "the dgrad itself for a block of several GEMMs",
+)
+def _wgrad_after_gradient(module: Module) -> Iterator[VerifyError]:
+    r = _Reporter("wgrad-after-gradient", module)
     tasks = module.task_map()
 
     def reaches(start: Task, goal: Callable[[Task], bool]) -> bool:
@@ -335,7 +340,7 @@ def _wgrad_after_dgrad(module: Module) -> Iterator[VerifyError]:
         return False
 
     for layer in module.layers:
-        dgrad_names = {t.op: t.name for t in layer.tasks if _is(t.phase, Phase.DGRAD)}
+        dgrads = {t.op: t for t in layer.tasks if _is(t.phase, Phase.DGRAD)}
         for task in layer.tasks:
             if not _is(task.phase, Phase.WGRAD):
                 continue
@@ -345,15 +350,27 @@ def _wgrad_after_dgrad(module: Module) -> Iterator[VerifyError]:
                 if not reaches(task, lambda t: _is(t.phase, Phase.DGRAD)):
                     yield r.task(task, "depends on no dgrad task; the embedding's weight gradient needs one")
                 continue
-            target = dgrad_names.get(task.op)
-            if target is None:
+            dgrad = dgrads.get(task.op)
+            if dgrad is None:
                 continue  # backward-mirrors-forward reports the missing dgrad
-            if not reaches(task, _named(target)):
-                yield r.task(
-                    task,
-                    f"does not depend, directly or transitively, on '@{target}'; a weight gradient needs the "
-                    "data gradient of its op first",
-                )
+            if task.op not in WGRAD_FROM_OUTPUT_GRADIENT:
+                if not reaches(task, _named(dgrad.name)):
+                    yield r.task(
+                        task,
+                        f"does not depend, directly or transitively, on '@{dgrad.name}'; the weight gradient of a "
+                        "block of several GEMMs needs the inner gradients its dgrad forms",
+                    )
+                continue
+            # One GEMM: the output gradient (what the dgrad waits for) is enough, the dgrad too.
+            for need in dgrad.deps:
+                goals = {need, dgrad.name}
+                if need in tasks and not reaches(task, lambda t, goals=goals: t.name in goals):
+                    yield r.task(
+                        task,
+                        f"does not depend, directly or transitively, on '@{need}'; a weight gradient needs the "
+                        f"gradient of its op's output, which '@{dgrad.name}' waits for",
+                    )
+                    break
 
 
 def _named(name: str) -> Callable[[Task], bool]:

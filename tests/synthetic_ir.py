@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tessera_ir.kinds import MIXER_OPS, WEIGHTED_OPS, FfnKind, LayerRole, MixerKind, Phase, TaskOp, resource_of
+from tessera_ir.kinds import MIXER_OPS, WEIGHTED_OPS, WGRAD_FROM_OUTPUT_GRADIENT, FfnKind, LayerRole, MixerKind, Phase, TaskOp, resource_of
 from tessera_ir.model import Layer, Module, Task
 from tessera_ir.parallel import ParallelConfig
 
@@ -82,7 +82,7 @@ def synthetic_module(
     head_layer = Layer("head", LayerRole.HEAD, "lm_head")
     lm_fwd = _task("head", TaskOp.LM_HEAD, Phase.FWD, list(outputs), gemm_flops // 2, a2a_bytes // 4, param_bytes)
     lm_dgrad = _task("head", TaskOp.LM_HEAD, Phase.DGRAD, [lm_fwd.name], gemm_flops // 2, a2a_bytes // 4)
-    lm_wgrad = _task("head", TaskOp.LM_HEAD, Phase.WGRAD, [lm_dgrad.name], gemm_flops // 2, a2a_bytes // 4)
+    lm_wgrad = _task("head", TaskOp.LM_HEAD, Phase.WGRAD, [lm_fwd.name], gemm_flops // 2, a2a_bytes // 4)
     head_layer.tasks += [lm_fwd, lm_dgrad, lm_wgrad]
 
     # Backward, last layer first: each layer's backward starts from the gradient its
@@ -96,9 +96,9 @@ def synthetic_module(
             combine = _task(layer.name, TaskOp.COMBINE, Phase.DGRAD, list(grad_in), 0, by_op[TaskOp.COMBINE].bytes)
             experts = _task(layer.name, TaskOp.EXPERT_GEMM, Phase.DGRAD, [combine.name], by_op[TaskOp.EXPERT_GEMM].flops, by_op[TaskOp.EXPERT_GEMM].bytes)
             dispatch = _task(layer.name, TaskOp.DISPATCH, Phase.DGRAD, [experts.name], 0, by_op[TaskOp.DISPATCH].bytes)
-            router = _task(layer.name, TaskOp.ROUTER, Phase.DGRAD, [dispatch.name], by_op[TaskOp.ROUTER].flops, by_op[TaskOp.ROUTER].bytes)
+            router = _task(layer.name, TaskOp.ROUTER, Phase.DGRAD, [combine.name], by_op[TaskOp.ROUTER].flops, by_op[TaskOp.ROUTER].bytes)
             bwd += [combine, experts, dispatch, router]
-            mixer_deps.append(router.name)
+            mixer_deps += [router.name, dispatch.name]
             if TaskOp.SHARED_EXPERT in by_op:
                 shared = _task(layer.name, TaskOp.SHARED_EXPERT, Phase.DGRAD, list(grad_in), by_op[TaskOp.SHARED_EXPERT].flops, by_op[TaskOp.SHARED_EXPERT].bytes)
                 bwd.append(shared)
@@ -116,8 +116,10 @@ def synthetic_module(
             grad_in = [mixer_dgrad.name]
         else:
             grad_in = mixer_deps
+        # A single GEMM's weight gradient needs only its output gradient (what its dgrad
+        # waits for); a block's needs the inner gradients its dgrad forms.
         wgrads = [
-            _task(layer.name, t.op, Phase.WGRAD, [f"{layer.name}.{t.op.value}.dgrad"], t.flops, t.bytes)
+            _task(layer.name, t.op, Phase.WGRAD, list(t.deps) if t.op in WGRAD_FROM_OUTPUT_GRADIENT else [t.name], t.flops, t.bytes)
             for t in bwd
             if t.op in WEIGHTED_OPS
         ]

@@ -158,14 +158,14 @@ def test_phase_and_mirror_rules() -> None:
     layer.tasks = [t for t in layer.tasks if t.name != "l0.dispatch.dgrad"]
     messages = _errors(module, "backward-mirrors-forward")
     assert messages == ["task '@l0.dispatch.fwd' has no dispatch.dgrad task in layer '@l0'"]
-    # The embedding needs no dgrad, and a missing dgrad is no wgrad-after-dgrad error.
-    assert _errors(module, "wgrad-after-dgrad") == []
+    # The embedding needs no dgrad, and a missing dgrad is no wgrad-after-gradient error.
+    assert _errors(module, "wgrad-after-gradient") == []
 
 
 def test_embedding_wgrad_must_wait_for_some_dgrad() -> None:
     module = _module()
     module.task_map()["embed.embedding.wgrad"].deps = ["embed.embedding.fwd"]
-    (message,) = _errors(module, "wgrad-after-dgrad")
+    (message,) = _errors(module, "wgrad-after-gradient")
     assert "embed.embedding.wgrad" in message and "depends on no dgrad task" in message
 
 
@@ -173,7 +173,7 @@ def test_transitive_dgrad_dependency_is_enough() -> None:
     module = _module()
     wgrad = module.task_map()["l0.expert_gemm.wgrad"]
     wgrad.deps = ["l0.dispatch.dgrad"]  # dispatch.dgrad follows expert_gemm.dgrad
-    assert _errors(module, "wgrad-after-dgrad") == []
+    assert _errors(module, "wgrad-after-gradient") == []
 
 
 def test_layer_order_rules() -> None:
@@ -211,5 +211,5 @@ def test_large_module_is_clean_and_a_late_error_is_found() -> None:
     # the whole forward chain and must still report it.
     wgrad = module.task_map()["l93.expert_gemm.wgrad"]
     wgrad.deps = ["l93.expert_gemm.fwd"]
-    (message,) = _errors(module, "wgrad-after-dgrad")
+    (message,) = _errors(module, "wgrad-after-gradient")
     assert "'@l93.expert_gemm.dgrad'" in message
