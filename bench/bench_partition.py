@@ -180,14 +180,14 @@ class StandInCosts:
         return max(compute + self.slowdown * min(compute, comm), comm, pf, pb)
 
     def _gapfit(self, sf: int, rf: tuple[int, int], sb: int, rb: tuple[int, int]) -> float:
-        from passes.scheduling.gap_fit import gap_fit
+        from passes.scheduling.gap_fit import SearchEffort, gap_fit
 
         fwd = stage_layers(self.module, sf, self.stages, rf)
         bwd = stage_layers(self.module, sb, self.stages, rb)
         key = (tuple(self.kind[x.name] for x in fwd), tuple(self.kind[x.name] for x in bwd))
         if key not in self.pair_cache:
             dag = build_pair_dag(fwd, bwd, self.duration)
-            self.pair_cache[key] = gap_fit(dag, perturbations=0, local_search=0, tabu_steps=0, stream_orders=0).makespan
+            self.pair_cache[key] = gap_fit(dag, SearchEffort(starts=1, rounds=0)).makespan
         return self.pair_cache[key]
 
     def side_bound(self, stage: int, rng: tuple[int, int], which: str) -> float:

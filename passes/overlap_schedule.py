@@ -53,7 +53,8 @@ from passes.manager import ModulePass, PassError, option
 from passes.plan_view import PlanView
 from passes.scheduling.batch import schedule_all, worker_count
 from passes.scheduling.check import ScheduleEntry, ScheduleError, check_schedule, entries_of
-from passes.scheduling.methods import IlpSolver, Method
+from passes.scheduling.exact import ExactSolver
+from passes.scheduling.methods import Method
 from passes.scheduling.pair_dag import PairDAG, join_sides
 from passes.scheduling.schedule import PairSchedule
 from tessera_ir.errors import TesseraError
@@ -130,7 +131,7 @@ class OverlapSchedulePass(ModulePass):
     method: Method = option("gap-fit", "scheduler: backbone-first gap fit, the two baselines, or the exact ILP")
     verify: bool = option(True, "z3-check every schedule before writing it")
     time_limit: float = option(10.0, "method=exact: seconds per pair")
-    solver: IlpSolver = option("highs", "method=exact: the ILP solver")
+    solver: ExactSolver = option("cpsat", "method=exact: CP-SAT (deterministic), or a MILP solver as a cross-check")
     # Each DAG's schedule is a pure function of the DAG and the options (the exact method aside,
     # whose time limit makes it depend on the machine), so the result does not depend on it.
     jobs: int | None = option(None, "worker processes for the distinct DAGs (unset: one per CPU core)")

@@ -363,8 +363,7 @@ def _wgrad_after_gradient(module: Module) -> Iterator[VerifyError]:
                 continue
             # One GEMM: the output gradient (what the dgrad waits for) is enough, the dgrad too.
             for need in dgrad.deps:
-                goals = {need, dgrad.name}
-                if need in tasks and not reaches(task, lambda t, goals=goals: t.name in goals):
+                if need in tasks and not reaches(task, _named_any({need, dgrad.name})):
                     yield r.task(
                         task,
                         f"does not depend, directly or transitively, on '@{need}'; a weight gradient needs the "
@@ -375,6 +374,10 @@ def _wgrad_after_gradient(module: Module) -> Iterator[VerifyError]:
 
 def _named(name: str) -> Callable[[Task], bool]:
     return lambda t: t.name == name
+
+
+def _named_any(names: set[str]) -> Callable[[Task], bool]:
+    return lambda t: t.name in names
 
 
 @check("forward-before-backward", "no forward task depends on a backward task")

@@ -10,7 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tessera_ir.kinds import MIXER_OPS, WEIGHTED_OPS, WGRAD_FROM_OUTPUT_GRADIENT, FfnKind, LayerRole, MixerKind, Phase, TaskOp, resource_of
+from tessera_ir.kinds import (
+    MIXER_OPS,
+    WEIGHTED_OPS,
+    WGRAD_FROM_OUTPUT_GRADIENT,
+    FfnKind,
+    LayerRole,
+    MixerKind,
+    Phase,
+    TaskOp,
+    resource_of,
+)
 from tessera_ir.model import Layer, Module, Task
 from tessera_ir.parallel import ParallelConfig
 

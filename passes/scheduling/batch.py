@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 
 from passes.scheduling.check import check_schedule, entries_of
-from passes.scheduling.methods import IlpSolver, Method, schedule_dag
+from passes.scheduling.exact import ExactSolver
+from passes.scheduling.methods import Method, schedule_dag
 from passes.scheduling.pair_dag import PairDAG
 from passes.scheduling.schedule import PairSchedule
 
@@ -33,7 +34,7 @@ def worker_count(jobs: int | None, dags: int) -> int:
 
 # The DAGs and options a worker process reads: set before the pool forks, so the
 # workers inherit them instead of receiving them pickled.
-_WORK: tuple[list[PairDAG], Method, float, IlpSolver, bool] | None = None
+_WORK: tuple[list[PairDAG], Method, float, ExactSolver, bool] | None = None
 
 
 def _solve_in_worker(k: int) -> tuple[list[float], str, str, float | None, dict, bool] | None:
@@ -57,7 +58,7 @@ def _solve_in_worker(k: int) -> tuple[list[float], str, str, float | None, dict,
 
 
 def schedule_all(
-    dags: list[PairDAG], method: Method, time_limit: float, solver: IlpSolver, verify: bool, workers: int
+    dags: list[PairDAG], method: Method, time_limit: float, solver: ExactSolver, verify: bool, workers: int
 ) -> tuple[list[PairSchedule], list[bool]]:
     """Schedules of ``dags`` in order, and for each whether it was already z3-checked and valid.
 

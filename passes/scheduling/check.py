@@ -1,7 +1,7 @@
-"""An independent z3 check of a pair schedule.
+"""Checking a pair schedule: the exact Python check on every schedule, and an independent z3 proof.
 
-Whatever produced a schedule (heuristic, baseline, ILP, or IR text someone
-edited), it must satisfy, for the pair DAG it claims to schedule:
+Whatever produced a schedule (heuristic, baseline, exact solver, a cache on disk, or IR text
+someone edited), it must satisfy, for the pair DAG it claims to schedule:
 
 - ``placed-once``: every task of the DAG has exactly one entry, and no entry names a task outside it;
 - ``stream``: each entry runs on the stream of its task's resource;
@@ -10,9 +10,13 @@ edited), it must satisfy, for the pair DAG it claims to schedule:
 - ``exclusive``: a stream runs one task at a time;
 - ``deadline``: a movable task finishes by its deadline (the pair's end when it has none; that
   case holds by definition of the makespan and is not asserted);
-- ``non-negative``: no task starts before the pair.
+- ``non-negative``: no task starts before the pair (and every time is finite).
 
-Each fact is a named assertion (``(assert (! formula :named c_k))``) tied to
+:func:`check_schedule` decides these in Python first (``tessera_ir.schedule_rules``: exact
+rational comparisons where floats are too close to call, so it accepts exactly what z3
+accepts) and, with ``prove``, then has z3 prove them independently.
+
+The z3 proof: each fact is a named assertion (``(assert (! formula :named c_k))``) tied to
 the constraint and its tasks, so when the schedule is wrong the unsat core
 names exactly what broke. Start times and durations are named real constants
 (``define-fun``) with the schedule's values, so only constraints appear in the
@@ -36,6 +40,7 @@ times are floats computed as sums of floats.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -43,6 +48,7 @@ from fractions import Fraction
 from passes.scheduling.pair_dag import PairDAG
 from passes.scheduling.schedule import PairSchedule
 from tessera_ir.errors import TesseraError
+from tessera_ir.schedule_rules import violations
 
 TOLERANCE_US = Fraction(1, 10**6)
 
@@ -83,18 +89,15 @@ def _real(x: Fraction) -> str:
     return f"(- {text})" if x < 0 else text
 
 
-def check_schedule(dag: PairDAG, entries: Sequence[ScheduleEntry], where: str = "") -> None:
+def check_schedule(dag: PairDAG, entries: Sequence[ScheduleEntry], where: str = "", prove: bool = True) -> None:
     """Raise :class:`ScheduleError` unless ``entries`` is a valid schedule of ``dag``.
 
-    ``where`` (e.g. ``"pair_schedule @sched.0"``) prefixes the message.
+    The exact Python check always runs; ``prove`` adds the z3 proof. ``where`` (e.g.
+    ``"pair_schedule @sched.0"``) prefixes the message.
     """
-    import z3
-
     prefix = f"{where}: " if where else ""
     fix = "re-run the overlap-schedule pass to rebuild the schedule"
 
-    # placed-once is a counting fact about the entry list; it is asserted in z3 as
-    # count == 1 per task so it appears in the core like every other constraint.
     index = {t.name: i for i, t in enumerate(dag.tasks)}
     count = [0] * len(dag.tasks)
     extra = [e.task for e in entries if e.task not in index]
@@ -106,9 +109,43 @@ def check_schedule(dag: PairDAG, entries: Sequence[ScheduleEntry], where: str = 
         )
     for e in entries:
         count[index[e.task]] += 1
+        if not (math.isfinite(e.start) and math.isfinite(e.duration)):
+            raise ScheduleError(
+                f"{prefix}schedule of pair '{dag.name}' violates non-negative for {e.task}: its start {e.start} or "
+                f"duration {e.duration} is not a finite number; {fix}",
+                "non-negative",
+                [e.task],
+            )
     entry_of: dict[int, ScheduleEntry] = {}
     for e in entries:
         entry_of.setdefault(index[e.task], e)
+    if all(c == 1 for c in count):
+        found = violations(
+            [t.name for t in dag.tasks],
+            [entry_of[i].start for i in range(len(dag.tasks))],
+            [entry_of[i].duration for i in range(len(dag.tasks))],
+            [entry_of[i].stream for i in range(len(dag.tasks))],
+            [t.resource.value for t in dag.tasks],
+            [t.duration for t in dag.tasks],
+            [t.deps for t in dag.tasks],
+            [t.deadline if t.movable else None for t in dag.tasks],
+            first_only=True,
+        )
+        if found:
+            v = found[0]
+            raise ScheduleError(
+                f"{prefix}schedule of pair '{dag.name}' violates {v.rule} for {', '.join(v.tasks)}: {v.detail}; {fix}",
+                v.rule,
+                v.tasks,
+            )
+        if not prove:
+            return
+    _prove(dag, entry_of, count, prefix, fix)
+
+
+def _prove(dag: PairDAG, entry_of: dict[int, ScheduleEntry], count: list[int], prefix: str, fix: str) -> None:
+    """The z3 proof of the conditions (see the module docstring); raises on the first unsat core."""
+    import z3
 
     # The whole check is written as one SMT-LIB2 script and parsed by z3 in C++:
     # building each term through z3's Python API costs tens of microseconds, the
@@ -209,6 +246,6 @@ def _explain(dag: PairDAG, entry_of: dict[int, ScheduleEntry], count: list[int],
     return "see the pair's schedule entries"
 
 
-def check_pair_schedule(schedule: PairSchedule, where: str = "") -> None:
+def check_pair_schedule(schedule: PairSchedule, where: str = "", prove: bool = True) -> None:
     """Check a :class:`passes.scheduling.schedule.PairSchedule` against its own DAG."""
-    check_schedule(schedule.dag, entries_of(schedule), where)
+    check_schedule(schedule.dag, entries_of(schedule), where, prove)

@@ -9,7 +9,6 @@ deadline (default: the end of the pair). The cost of the pair is the makespan.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -89,53 +88,24 @@ def heads(dag: PairDAG) -> list[float]:
     return head
 
 
-def one_stream_bound(
-    dag: PairDAG, resource: Resource, head: Sequence[float] | None = None, bl: Sequence[float] | None = None
-) -> float:
-    """Lower bound from one stream alone, with heads and tails (Jackson's preemptive schedule).
-
-    Relax everything except the stream: each of its tasks becomes available at
-    its head (longest path into it) and, once finished, still needs its tail
-    (longest path out of it). Preemptively running the available task with the
-    longest tail is optimal for that relaxation (Jackson's rule), so
-    max(completion + tail) over its tasks bounds every real schedule. It is at
-    least the stream's total plus the smallest head, and often much more.
-    """
-    head = heads(dag) if head is None else head
-    bl = bottom_levels(dag) if bl is None else bl
-    members = sorted(
-        (i for i, t in enumerate(dag.tasks) if t.resource is resource), key=lambda i: (head[i], dag.tasks[i].name)
-    )
-    remaining = {i: dag.tasks[i].duration for i in members}
-    heap: list[tuple[float, int]] = []
-    t = 0.0
-    bound = 0.0
-    k = 0
-    while k < len(members) or heap:
-        if not heap:
-            t = max(t, head[members[k]])
-        while k < len(members) and head[members[k]] <= t + EPS:
-            i = members[k]
-            heapq.heappush(heap, (-(bl[i] - dag.tasks[i].duration), i))
-            k += 1
-        neg_tail, i = heapq.heappop(heap)
-        next_release = head[members[k]] if k < len(members) else float("inf")
-        run = min(remaining[i], max(0.0, next_release - t))
-        t += run
-        remaining[i] -= run
-        if remaining[i] > EPS:
-            heapq.heappush(heap, (neg_tail, i))
-        else:
-            bound = max(bound, t - neg_tail)
-    return bound
-
-
-def strong_lower_bound(dag: PairDAG) -> float:
-    """The reported lower bound, tightened by the one-stream bounds of both streams.
-
-    The reported bound (max of stream totals and critical path) is what every
-    schedule is compared with; this tighter one lets the heuristic stop as
-    soon as it has provably found an optimum.
-    """
-    head, bl = heads(dag), bottom_levels(dag)
-    return max([dag.lower_bound()] + [one_stream_bound(dag, r, head, bl) for r in RESOURCES])
+def left_shift(dag: PairDAG, values: Sequence[float], durations: Sequence[float] | None = None) -> list[float]:
+    """Start times that keep each stream's order in ``values`` (say, a solver's start times)
+    and start every task as early as that order and its dependencies allow, with
+    ``durations`` (default: the tasks' own). Never later than ``values`` when those are a
+    valid schedule with the same durations."""
+    n = len(dag.tasks)
+    dur = [t.duration for t in dag.tasks] if durations is None else list(durations)
+    # By start, then finish: a dependency starts strictly earlier, or at the same time with
+    # zero duration, which the finish orders correctly; so this is a topological order.
+    order = sorted(range(n), key=lambda i: (values[i], values[i] + dur[i], dag.tasks[i].name))
+    free = {r: 0.0 for r in RESOURCES}
+    start = [0.0] * n
+    placed = [False] * n
+    for i in order:
+        task = dag.tasks[i]
+        if not all(placed[d] for d in task.deps):
+            raise SchedulingError(f"the start times given for pair '{dag.name}' order tasks against their dependencies")
+        start[i] = max([free[task.resource]] + [start[d] + dur[d] for d in task.deps])
+        free[task.resource] = start[i] + dur[i]
+        placed[i] = True
+    return start

@@ -16,12 +16,10 @@ from passes.overlap_schedule import OverlapSchedulePass, check_plan_schedules
 from passes.plan_view import PlanError, PlanView
 from passes.scheduling.baselines import fixed_template, serial
 from passes.scheduling.check import ScheduleError, check_pair_schedule
-from passes.scheduling.gap_fit import gap_fit
-from passes.scheduling.generation import FlatDag
-from passes.scheduling.improvement import _count_extensions, _Draws, linear_extensions
+from passes.scheduling.gap_fit import gap_fit, strong_lower_bound
 from passes.scheduling.methods import SCHEDULERS
 from passes.scheduling.pair_dag import BWD, FWD, PairDAG, PairDagError, PairTask, build_pair_dag
-from passes.scheduling.schedule import PairSchedule, SchedulingError, bottom_levels, strong_lower_bound
+from passes.scheduling.schedule import PairSchedule, SchedulingError
 from tessera_ir.kinds import Resource
 from tessera_ir.model import Module, PlanOp, SymbolRef
 from tessera_ir.parallel import ParallelConfig
@@ -396,60 +394,6 @@ def test_dependency_cycle_is_still_reported() -> None:
     hw = load_hardware("h100")
     with pytest.raises(PairDagError, match="dependency cycle among tasks .* of pair 'p'"):
         build_pair_dag([layer], [], lambda t: task_duration_us(t, hw, ParallelConfig(ep=8)), "p")
-
-
-def extensions_reference(members: list[int], mask: dict[int, int]) -> list[list[int]]:
-    out: list[list[int]] = []
-
-    def dfs(prefix: list[int], placed: int) -> None:
-        if len(prefix) == len(members):
-            out.append(list(prefix))
-        for i in members:
-            if not (placed >> i) & 1 and mask[i] & ~placed == 0:
-                dfs(prefix + [i], placed | (1 << i))
-
-    dfs([], 0)
-    return out
-
-
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(pair_dags(max_tasks=14), st.sampled_from([1, 5, 40]))
-def test_stream_orders_are_all_linear_extensions_or_a_sample(dag: PairDAG, limit: int) -> None:
-    import random
-
-    ctx = FlatDag(dag)
-    members = [i for i in range(ctx.n) if ctx.res[i] == 1]
-    bl = bottom_levels(dag)
-    rng = random.Random(3)
-    chains = linear_extensions(ctx, members, limit, rng, bl)
-    anc = [0] * ctx.n
-    for i in range(ctx.n):
-        for d in ctx.preds[i]:
-            anc[i] |= anc[d] | (1 << d)
-    mask = {i: sum(1 << j for j in members if (anc[i] >> j) & 1) for i in members}
-    every = extensions_reference(members, mask)
-    assert _count_extensions(members, mask, limit + 2) == min(len(every), limit + 2)
-    if len(every) <= limit + 1:
-        assert chains == every  # all of them, in depth-first order
-    else:
-        assert len(chains) <= limit and len({tuple(c) for c in chains}) == len(chains)
-        assert all(c in every for c in chains)
-        greedy: list[int] = []  # the first sample: always the ready member of highest bottom level
-        while len(greedy) < len(members):
-            ready = [i for i in members if i not in greedy and all(j in greedy for j in members if (mask[i] >> j) & 1)]
-            greedy.append(min(ready, key=lambda i: (-bl[i], dag.tasks[i].name)))
-        assert chains[0] == greedy
-
-
-def test_bulk_draws_match_randrange_and_leave_the_generator_alike() -> None:
-    import random
-
-    mine, theirs = random.Random(11), random.Random(11)
-    draws = _Draws(mine)
-    sizes = [random.Random(k).choice([1, 2, 3, 7, 31, 32, 33, 1000]) for k in range(3 * _Draws.CHUNK)]
-    assert [draws.below(n) for n in sizes] == [theirs.randrange(n) for n in sizes]
-    draws.sync()
-    assert mine.random() == theirs.random()
 
 
 def test_fixed_template_runs_leftover_layers_in_dependency_order() -> None:
