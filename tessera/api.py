@@ -15,12 +15,15 @@ from tessera_ir import Module, print_module
 DEFAULT_PIPELINE = "candidates,overlap-schedule,profile,partition"
 
 
-def capture(source: Any, **parallel: Any) -> Module:
-    """Capture a model (``hf:<type>``, a config.json path, a model.py path or an nn.Module) into IR."""
+def capture(source: Any, layer_kinds: Any = None, **parallel: Any) -> Module:
+    """Capture a model (``hf:<type>``, a config.json path, a model.py path or an nn.Module) into IR.
+
+    ``layer_kinds`` sets mixer kinds by layer: ``{3: "linear_attention"}`` or ``["3=linear_attention"]``.
+    """
     import frontend
 
     overrides = {k: v for k, v in parallel.items() if v is not None}
-    return frontend.capture(source, overrides=overrides)
+    return frontend.capture(source, overrides=overrides, layer_kinds=layer_kinds)
 
 
 def run_passes(
@@ -34,11 +37,12 @@ def run_passes(
     return manager
 
 
-def compile(source: Any, pipeline: str | None = None, verify: bool = True, **parallel: Any) -> Module:  # noqa: A001
+def compile(source: Any, pipeline: str | None = None, verify: bool = True, layer_kinds: Any = None,  # noqa: A001
+            **parallel: Any) -> Module:
     """Capture ``source`` and run the planning pipeline (``DEFAULT_PIPELINE`` unless given)."""
     from tessera_ir.verifier import verify as verify_module
 
-    module = capture(source, **parallel)
+    module = capture(source, layer_kinds=layer_kinds, **parallel)
     if verify:
         verify_module(module)
     run_passes(module, DEFAULT_PIPELINE if pipeline is None else pipeline, verify=verify)
