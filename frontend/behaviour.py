@@ -472,6 +472,17 @@ class _Analysis:
                     self.b.delta_rule = True
 
 
+def call_on_meta(module: nn.Module, args: Any, kwargs: Any) -> Any:
+    """Run ``module`` on meta tensors, its weights swapped for meta stand-ins if they are real
+    (a model.py may build real weights: nothing is computed on them or written to them)."""
+    weights: dict[str, torch.Tensor] = dict(module.named_parameters())
+    weights.update(module.named_buffers())
+    if all(t.is_meta for t in weights.values()):
+        return module(*args, **kwargs)
+    meta = {name: torch.empty_like(t, device="meta") for name, t in weights.items()}
+    return torch.func.functional_call(module, meta, tuple(args), dict(kwargs))
+
+
 def observe(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], batch: int, seq_len: int,
             budget: int = DEFAULT_BUDGET) -> Behaviour:
     """Run ``module(*args, **kwargs)`` once on meta tensors and report what it did along the sequence."""
@@ -484,19 +495,13 @@ def observe(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], ba
     for t in _tensors((args, kwargs)):
         key = rec.track(t, "input")
         rec.tensors[key].tainted = True
-    weights: dict[str, torch.Tensor] = dict(module.named_parameters())
-    weights.update(module.named_buffers())
     logger = logging.getLogger("transformers")
     level = logger.level
     logger.setLevel(logging.ERROR)  # a library announcing its reference fallbacks says nothing about the block
     try:
         with warnings.catch_warnings(), torch.no_grad(), rec:
             warnings.simplefilter("ignore")
-            if all(t.is_meta for t in weights.values()):
-                module(*args, **kwargs)
-            else:  # a real model: meta stand-ins for its weights, so nothing is computed or touched
-                meta = {name: torch.empty_like(t, device="meta") for name, t in weights.items()}
-                torch.func.functional_call(module, meta, tuple(args), dict(kwargs))
+            call_on_meta(module, args, kwargs)
     except _Settled:
         pass  # the rest of the loop repeats what was seen
     except _BudgetSpent:

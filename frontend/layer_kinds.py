@@ -14,12 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from frontend.errors import LayerKindError
+from frontend.mixers import RECURRENT_KINDS, SOFTMAX_KINDS
 from tessera_ir.kinds import MixerKind
 
 _KINDS = {k.value: k for k in MixerKind if k is not MixerKind.NONE}
 _FULL = frozenset({MixerKind.ATTENTION, MixerKind.MLA})
-_SOFTMAX = frozenset({MixerKind.ATTENTION, MixerKind.SLIDING_ATTENTION, MixerKind.MLA})
-_RECURRENT = frozenset({MixerKind.LINEAR_ATTENTION, MixerKind.SSM})
 _NO_MIXER = frozenset({MixerKind.NONE})
 _RECURRENT_TERMS = {"conv", "short_conv", "recurrent", "mamba", "mamba2", "ssm", "rwkv", "retention", "deltanet",
                     "gated_deltanet", "gdn", "kda", "lightning", "lightning_attention", "m"}
@@ -97,7 +96,7 @@ def _term_kinds(term: str) -> frozenset[MixerKind] | None:
     if t.startswith("hybrid"):
         return None
     if "linear" in t or t in _RECURRENT_TERMS:
-        return _RECURRENT
+        return RECURRENT_KINDS
     if t in _NO_MIXER_TERMS:
         return _NO_MIXER
     if "sliding" in t or "window" in t or "local" in t:
@@ -105,7 +104,7 @@ def _term_kinds(term: str) -> frozenset[MixerKind] | None:
     if t in _FULL_TERMS:
         return _FULL
     if "attention" in t:  # chunked, indexed, compressed ... attention: softmax of some extent
-        return _SOFTMAX
+        return SOFTMAX_KINDS
     return None
 
 

@@ -145,12 +145,19 @@ def _child_linear(module: nn.Module, *names: str) -> nn.Linear | None:
 
 
 def first_attr(objs: list[Any], *names: str) -> Any:
-    """The first of ``names`` set (not None) on any of ``objs``, in order."""
+    """The first of ``names`` set (not None) on any of ``objs``, in order.
+
+    A config may refuse to answer (a per-layer attribute read globally raises its own error):
+    that counts as not set, so the module's own attribute or another name is used.
+    """
     for obj in objs:
         if obj is None:
             continue
         for name in names:
-            value = getattr(obj, name, None)
+            try:
+                value = getattr(obj, name, None)
+            except Exception:  # noqa: BLE001 - any refusal means "not set here"
+                value = None
             if value is not None and not isinstance(value, (nn.Module, torch.Tensor)):
                 return value
     return None

@@ -45,7 +45,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from frontend.behaviour import Behaviour, observe
+from frontend.behaviour import Behaviour, call_on_meta, observe
 from frontend.errors import CaptureError, UnrecognisedLayerError
 from frontend.mixers import identify_mixer
 from frontend.recognizers import Block, RecognizeContext, recognize
@@ -162,9 +162,11 @@ class _Tracer(fx.Tracer):
         value = self.meta_value(node)
         reads_shape_only = use in ("len()", "iteration")
         if value is None or (isinstance(value, torch.Tensor) and not reads_shape_only):
+            why = "depends on tensor data, not only on shapes" if value is not None else \
+                "could not be computed from the shapes on meta tensors"
             raise fx.proxy.TraceError(
                 f"symbolically traced variables cannot be used as inputs to control flow ({use} of "
-                f"'{node.format_node()}' depends on tensor data, not only on shapes)")
+                f"'{node.format_node()}' {why})")
         return value
 
     def _evaluate_up_to(self, node: fx.Node) -> None:
@@ -369,7 +371,7 @@ def _evaluate(node: fx.Node, args: Any, kwargs: Any, root: nn.Module) -> Any:
                 value = torch.empty_like(value, device="meta")
             return value
         if node.op == "call_module":
-            return _call_on_meta(root.get_submodule(str(node.target)), args, kwargs)
+            return call_on_meta(root.get_submodule(str(node.target)), args, kwargs)
         if node.op == "call_function":
             return node.target(*args, **kwargs)  # type: ignore[operator]
         if node.op == "call_method":
@@ -377,16 +379,6 @@ def _evaluate(node: fx.Node, args: Any, kwargs: Any, root: nn.Module) -> Any:
     except Exception:  # noqa: BLE001 - see the docstring
         return None
     return None
-
-
-def _call_on_meta(module: nn.Module, args: Any, kwargs: Any) -> Any:
-    """Run a glue module on meta tensors, its weights swapped for meta stand-ins if they are real."""
-    state: dict[str, torch.Tensor] = dict(module.named_parameters())
-    state.update(module.named_buffers())
-    if all(t.is_meta for t in state.values()):
-        return module(*args, **kwargs)
-    meta_state = {name: torch.empty_like(t, device="meta") for name, t in state.items()}
-    return torch.func.functional_call(module, meta_state, tuple(args), dict(kwargs))
 
 
 def _norm_output(module: nn.Module, node: fx.Node, args: Any, kwargs: Any, config: Any) -> Any:
@@ -525,6 +517,13 @@ def capture_stack(model: nn.Module, batch: int, seq_len: int, config: Any = None
             f"cannot trace the decoder stack in {cls.__module__}.{cls.__qualname__}.forward: torch.fx cannot record "
             f"its layers' argument of type {_type_named_in(exc)} "
             f"(state shared across layers); Tessera plans stacks whose layers exchange tensors only") from exc
+    except (TypeError, AttributeError, ValueError, RuntimeError, KeyError, IndexError) as exc:
+        # The stack's own Python failed under tracing (or a library refused a traced argument).
+        cls = type(owner)
+        lines = str(exc).strip().splitlines()
+        raise CaptureError(
+            f"cannot trace the decoder stack in {cls.__module__}.{cls.__qualname__}.forward: "
+            f"{type(exc).__name__}: {lines[0][:200] if lines else ''}; rerun with --debug for where it failed") from exc
 
     layer_nodes = [n for n in graph.nodes if n.op == "call_module" and n.target in layer_targets]
     if not layer_nodes:
