@@ -22,12 +22,14 @@ of its tensors, then reads the log:
   up-projection whose input is narrower than the hidden size.
 
 A block's forward may branch on anything, loop over chunks or tokens, and
-call helper functions: nothing here traces it. The run stops after
-``budget`` torch calls (a token-by-token scan over thousands of tokens
-repeats itself after the first steps), and a block that cannot run on meta
-tensors (``.item()``, data-dependent indexing) is read up to the point where
-it stopped. Both are reported in ``Behaviour.stopped``, so callers can tell an
-inconclusive observation from a negative one.
+call helper functions: nothing here traces it. The log is read as it grows,
+and the run ends once a recurrence has folded in new data four times (the
+rest of its loop repeats what was seen); it also stops after ``budget`` torch
+calls, and a block that cannot run on meta tensors (``.item()``, a missing
+mask) is read up to the point where it failed. Those two are reported in
+``Behaviour.stopped``, so callers can tell an inconclusive observation from a
+negative one. (A block that ran a recurrence and only afterwards a softmax
+over the sequence would be read as linear attention; no such block is known.)
 """
 
 from __future__ import annotations
@@ -264,6 +266,8 @@ def _sliced_twice(slices: set[tuple[int, int, int]]) -> bool:
 
 
 class _Analysis:
+    """Reads the call log into a Behaviour: per-tensor facts propagated call by call, then the state."""
+
     def __init__(self, rec: _Recorder, behaviour: Behaviour, hidden: int):
         self.rec = rec
         self.tensors = rec.tensors
@@ -320,7 +324,7 @@ class _Analysis:
             return
         lower = call.name.lower()
         if any(k in lower for k in _FUSED_ATTENTION) and len(ins) >= 3 and _seq_axes(ins[0].shape, self.seq):
-            q, k, v = ins[:3]
+            k, v = ins[1], ins[2]
             self.b.fused_attention = self.b.fused_attention or call.name
             self.b.attention = AttentionOperands(call.shapes_in[0], call.shapes_in[1], call.shapes_in[2],
                                                  k.latent and v.latent)

@@ -81,8 +81,11 @@ LeafValue = Callable[[fx.Node, tuple[Any, ...], dict[str, Any]], Any]
 _CONCRETE_ATTRIBUTES = frozenset({"dtype", "device", "is_cuda", "is_meta", "is_floating_point"})
 
 
-class _MetaProxy(fx.Proxy):
-    """A proxy that answers ``len()``, integer conversion, dtype and device from the meta value of its node."""
+class _Concrete:
+    """Answers ``len()``, integer conversion, dtype and device from the meta value of the proxy's node."""
+
+    node: fx.Node
+    tracer: Any
 
     def __getattr__(self, k: str) -> Any:
         tracer = self.tracer
@@ -90,20 +93,26 @@ class _MetaProxy(fx.Proxy):
             value = tracer.meta_value(self.node)
             if isinstance(value, torch.Tensor):
                 return getattr(value, k)
-        return super().__getattr__(k)
+        return _MetaAttribute(self, k)  # type: ignore[arg-type]
 
     def __len__(self) -> int:
-        tracer = self.tracer
-        if isinstance(tracer, _Tracer):
-            return len(tracer.concrete(self.node, "len()"))
-        return super().__len__()
+        if not isinstance(self.tracer, _Tracer):
+            raise RuntimeError("'len' is not supported in symbolic tracing by default")
+        return len(self.tracer.concrete(self.node, "len()"))
 
     def __index__(self) -> int:
-        tracer = self.tracer
-        value = tracer.concrete(self.node, "an integer") if isinstance(tracer, _Tracer) else None
+        value = self.tracer.concrete(self.node, "an integer") if isinstance(self.tracer, _Tracer) else None
         if isinstance(value, bool) or not isinstance(value, int):
             raise fx.proxy.TraceError("symbolically traced variables cannot be used as integers")
         return value
+
+
+class _MetaProxy(_Concrete, fx.Proxy):
+    """The proxies of a ``_Tracer``."""
+
+
+class _MetaAttribute(_Concrete, fx.proxy.Attribute):
+    """An attribute of a proxy (``x.shape``), which answers ``len(x.shape)`` as well."""
 
 
 class _Tracer(fx.Tracer):

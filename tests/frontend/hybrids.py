@@ -277,6 +277,8 @@ class RotaryStack(Stack):
             x = x.float()
         x = x * self.normaliser.type(x.dtype)  # a buffer cast to the activations' dtype
         batch, length, width = x.shape
+        if len(x.shape) != 3:  # a rank test through len()
+            raise ValueError("expected [batch, sequence, hidden]")
         angles = position_ids[0, :, :, None].float() * self.inv_freq
         x = x + torch.cat((angles.cos(), angles.sin()), dim=-1).view(batch, length, width)
         for group in range(x.shape[1] // SEQ):  # shape-derived trip count: one group of SEQ tokens
