@@ -308,7 +308,7 @@ def _first_tensor_node(node: fx.Node) -> fx.Node | None:
 
 def _producer_module(node: fx.Node | None) -> fx.Node | None:
     """Walk back through glue (getitem, views, adds of one stream) to the call_module that made a value."""
-    seen = node
+    seen: fx.Node | None = node
     while seen is not None and seen.op != "call_module":
         if seen.op == "placeholder":
             return seen
@@ -537,8 +537,8 @@ def capture_stack(model: nn.Module, batch: int, seq_len: int, config: Any = None
     layer_nodes = [n for n in graph.nodes if n.op == "call_module" and n.target in layer_targets]
     if not layer_nodes:
         raise CaptureError(f"{type(owner).__name__}.forward never calls the layers in '{stack_path}'")
-    first_arg_node = layer_nodes[0].args[0] if layer_nodes[0].args else _first_tensor_node(layer_nodes[0])
-    first_hidden = _producer_module(first_arg_node if isinstance(first_arg_node, fx.Node) else None)
+    first_input = layer_nodes[0].args[0] if layer_nodes[0].args else _first_tensor_node(layer_nodes[0])
+    first_hidden = _producer_module(first_input) if isinstance(first_input, fx.Node) else None
     if first_hidden is None or first_hidden.op != "call_module":
         raise CaptureError(f"the input of '{prefix}{layer_nodes[0].target}' does not come from an embedding module")
     embed_target = str(first_hidden.target)
@@ -585,7 +585,7 @@ def capture_stack(model: nn.Module, batch: int, seq_len: int, config: Any = None
                                f"Tessera plans sequential decoder stacks only")
     return StackTrace(
         embed_path=f"{prefix}{embed_target}",
-        embed=owner.get_submodule(embed_target),
+        embed=owner.get_submodule(str(embed_target)),
         layers=ordered,
         norm=owner.get_submodule(norm_target) if norm_target else None,
         norm_path=f"{prefix}{norm_target}" if norm_target else None,
