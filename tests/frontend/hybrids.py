@@ -37,11 +37,10 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-def _project(module: nn.Module, q: str, k: str, v: str, out: str) -> None:
-    """Query, key and value projections (HIDDEN -> HEADS*HEAD_DIM) and an output projection, under given names."""
-    for name in (q, k, v):
-        setattr(module, name, nn.Linear(HIDDEN, HEADS * HEAD_DIM, bias=False))
-    setattr(module, out, nn.Linear(HEADS * HEAD_DIM, HIDDEN, bias=False))
+def _projections() -> tuple[nn.Linear, nn.Linear, nn.Linear, nn.Linear]:
+    """Query, key and value projections (HIDDEN -> HEADS*HEAD_DIM) and an output projection."""
+    q, k, v = (nn.Linear(HIDDEN, HEADS * HEAD_DIM, bias=False) for _ in range(3))
+    return q, k, v, nn.Linear(HEADS * HEAD_DIM, HIDDEN, bias=False)
 
 
 def _heads(x: torch.Tensor) -> torch.Tensor:
@@ -61,7 +60,7 @@ class SoftmaxAttention(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        _project(self, "to_q", "to_k", "to_v", "to_out")
+        self.to_q, self.to_k, self.to_v, self.to_out = _projections()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = _heads(self.to_q(x)), _heads(self.to_k(x)), _heads(self.to_v(x))
@@ -78,7 +77,7 @@ class SdpaAttention(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.num_heads, self.head_dim = HEADS, HEAD_DIM
-        _project(self, "q_proj", "k_proj", "v_proj", "o_proj")
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = _projections()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = _heads(self.q_proj(x)), _heads(self.k_proj(x)), _heads(self.v_proj(x))
@@ -94,7 +93,7 @@ class CumsumLinearAttention(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.num_heads, self.head_dim = HEADS, HEAD_DIM
-        _project(self, "q_proj", "k_proj", "v_proj", "o_proj")
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = _projections()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -113,7 +112,7 @@ class ChunkedDeltaRule(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        _project(self, "wq", "wk", "wv", "wo")
+        self.wq, self.wk, self.wv, self.wo = _projections()
         self.w_beta = nn.Linear(HIDDEN, HEADS, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -133,9 +132,11 @@ class ChunkedDeltaRule(nn.Module):
 class Retention(nn.Module):
     """Retention in its parallel form: query-key products weighted by a per-head decay mask, no softmax."""
 
+    log_decay: torch.Tensor
+
     def __init__(self) -> None:
         super().__init__()
-        _project(self, "query", "key", "value", "out_proj")
+        self.query, self.key, self.value, self.out_proj = _projections()
         self.register_buffer("log_decay", torch.log(1 - 2.0 ** (-5 - torch.arange(HEADS, dtype=torch.float32))))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -149,6 +150,8 @@ class Retention(nn.Module):
 
 class LightningBlock(nn.Module):
     """Lightning-attention style: fused qkv, blocks with a decayed intra-block product and a decayed kv state."""
+
+    slope: torch.Tensor
 
     def __init__(self) -> None:
         super().__init__()
@@ -259,6 +262,9 @@ class RotaryStack(Stack):
     It builds 4-row position ids (text, temporal, height, width), tests their rank and first
     dimension, unpacks a shape into a view, loops over a shape-derived count and checks a dtype.
     """
+
+    inv_freq: torch.Tensor
+    normaliser: torch.Tensor
 
     def __init__(self, mixers: list[nn.Module], config: Any = None):
         super().__init__(mixers, config)
