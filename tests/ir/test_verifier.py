@@ -140,8 +140,8 @@ def test_comm_task_with_flops_and_bad_pass_attributes() -> None:
     expected = [
         "comm tasks compute nothing",
         "'cost_us' of task '@l0.router.fwd' is -1.0",
-        "'stream' of task '@l0.router.fwd' is 'gpu'",
-        "'start' of task '@l0.router.fwd' is True",
+        "'stream' of task '@l0.router.fwd' is \"gpu\"",
+        "'start' of task '@l0.router.fwd' is true",
         "'deadline' of task '@l0.router.fwd' is -3",
         "shapes = [[4, 0]]",
         "attribute 'weird' of task '@l0.router.dgrad' is nan",
