@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from passes.manager import ModulePass, PassManager, parse_pipeline
-from tessera.io import write_atomic
+from tessera.io import read_text, write_atomic
 from tessera_ir import Module, print_module
 
 # The planning pipeline `tessera-compile` runs after capture, in the order of
@@ -48,8 +48,7 @@ def compile(source: Any, pipeline: str | None = None, verify: bool = True, **par
 def load_ir(path: str | Path) -> Module:
     from tessera_ir.parser import parse_module
 
-    text = Path(path).read_text()
-    return parse_module(text, source=str(path))
+    return parse_module(read_text(path), source=str(path))
 
 
 def save_ir(module: Module, path: str | Path) -> None:

@@ -1,9 +1,9 @@
 """Command-line drivers: ``tessera-compile``, ``tessera-opt`` and ``tessera-viz``.
 
-Every user-facing failure is a ``TesseraError``: it is printed as one line
-(``tessera-compile: error: ...``) with exit status 1 and no traceback unless
-``--debug`` is given. Output files are written only after everything
-succeeded, each atomically, so a failed run leaves no partial file.
+Every tool runs on the shared driver (:mod:`tessera.driver`): a user-facing failure
+is one line (``tessera-compile: error: ...``) with exit status 1 and no traceback
+unless ``--debug`` is given; outputs are checked before the work starts and written
+only after everything succeeded, all together, so a failed run leaves no file.
 """
 
 from __future__ import annotations
@@ -12,17 +12,13 @@ import argparse
 import json
 import sys
 import time
-import traceback
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 from passes.manager import PASS_REGISTRY, ModulePass, get_pass_class
+from tessera.driver import Run, run_tool, tool_parser
 from tessera_ir.errors import TesseraError
 from tessera_ir.model import Module
 from tessera_ir.printer import print_module
-
-EXIT_USER_ERROR = 1
-EXIT_INTERNAL_ERROR = 2
 
 PARALLEL_FLAGS = [
     ("--pp", int, "pipeline-parallel size (devices in the pipeline)"),
@@ -36,38 +32,29 @@ PARALLEL_FLAGS = [
 ]
 
 
-def _run_tool(tool: str, argv: Sequence[str] | None, body: Callable[[argparse.Namespace], int], parser: argparse.ArgumentParser) -> int:
-    args = parser.parse_args(argv)
-    try:
-        return body(args)
-    except TesseraError as err:
-        if args.debug:
-            raise
-        print(f"{tool}: error: {err}", file=sys.stderr)
-        return EXIT_USER_ERROR
-    except KeyboardInterrupt:
-        print(f"{tool}: interrupted; no output written", file=sys.stderr)
-        return 130
-    except Exception as err:  # a bug in Tessera, not the user's input
-        if args.debug:
-            raise
-        where = traceback.extract_tb(err.__traceback__)[-1]
-        print(
-            f"{tool}: internal error: {type(err).__name__}: {err} (at {Path(where.filename).name}:{where.lineno}); "
-            "rerun with --debug for the full traceback",
-            file=sys.stderr,
+def _ir_output(run: Run, path: str | None, flag: str = "-o") -> str | None:
+    """Declare an output file for textual IR; bytecode does not exist yet."""
+    if path is None:
+        return None
+    if path.endswith(".tsb"):
+        raise TesseraError(
+            f"{flag} {path}: this version writes textual IR only; bytecode (.tsb) comes with the runtime; "
+            "write the plan as .tir"
         )
-        return EXIT_INTERNAL_ERROR
+    return run.output_file(path, flag)
 
 
-def _dump_callback(spec: str | None, dump_dir: str | None) -> Callable[[ModulePass, Module], None] | None:
+def _dump_callback(run: Run, spec: str | None, dump_dir: str | None) -> Callable[[ModulePass, Module], None] | None:
     """``--dump-after=all`` or a comma list of pass names: print the IR after those passes."""
     if not spec:
+        if dump_dir:
+            raise TesseraError("--dump-dir needs --dump-after (all or a comma list of passes)")
         return None
     wanted = None if spec == "all" else {s.strip() for s in spec.split(",")}
     if wanted:
         for name in wanted:
             get_pass_class(name)  # unknown names fail before any pass runs
+    folder = run.output_folder(dump_dir, "--dump-dir") if dump_dir else None
     counter = [0]
 
     def dump(p: ModulePass, module: Module) -> None:
@@ -75,10 +62,8 @@ def _dump_callback(spec: str | None, dump_dir: str | None) -> Callable[[ModulePa
         if wanted is not None and p.name not in wanted:
             return
         text = print_module(module)
-        if dump_dir:
-            from tessera.io import write_atomic
-
-            write_atomic(Path(dump_dir) / f"{counter[0]:02d}-{p.name}.tir", text)
+        if folder is not None:
+            run.write_now(folder, f"{counter[0]:02d}-{p.name}.tir", text)
         else:
             sys.stderr.write(f"// ----- IR dump after {p.spelling()} -----\n{text}")
 
@@ -101,9 +86,8 @@ def _print_timing(manager_timings: list, extra: list[tuple[str, float]]) -> None
 
 
 def _compile_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="tessera-compile",
-        description="Capture a model with torch.fx, lower it to Tessera IR and run the planning passes.",
+    p = tool_parser(
+        "tessera-compile", "Capture a model with torch.fx, lower it to Tessera IR and run the planning passes."
     )
     p.add_argument("source", help="model.py with build_model(), hf:<model_type>, or a path to an HF config.json")
     p.add_argument("-o", "--output", help="output file ('-' for stdout)")
@@ -117,27 +101,24 @@ def _compile_parser() -> argparse.ArgumentParser:
     p.add_argument("--dump-dir", metavar="DIR", help="write --dump-after dumps as files in DIR instead of stderr")
     p.add_argument("--no-verify", dest="verify", action="store_false", help="skip the verifier between passes")
     p.add_argument("--timing", action="store_true", help="print how long capture and each pass took")
-    p.add_argument("--debug", action="store_true", help="show tracebacks")
     group = p.add_argument_group("parallel settings (override PARALLEL in model.py and the workload defaults)")
     for flag, typ, help_text in PARALLEL_FLAGS:
         group.add_argument(flag, type=typ, default=None, help=help_text)
     return p
 
 
-def _compile(args: argparse.Namespace) -> int:
+def _compile(args: argparse.Namespace, run: Run) -> int:
     from tessera.api import DEFAULT_PIPELINE, capture, run_passes
     from tessera_ir.summary import summarize
     from tessera_ir.verifier import verify
 
     if not (args.output or args.summary_json or args.partition_json or args.report):
         raise TesseraError("nothing to do: give -o FILE, --summary-json FILE, --partition-json FILE or --report")
-    if args.output and args.output.endswith(".tsb"):
-        raise TesseraError(
-            f"-o {args.output}: this version emits textual IR only (--emit ir); bytecode (.tsb) comes with the "
-            "runtime; write the plan as .tir"
-        )
+    output = _ir_output(run, args.output)
+    summary = run.output_file(args.summary_json, "--summary-json") if args.summary_json else None
+    partition = run.output_file(args.partition_json, "--partition-json") if args.partition_json else None
     pipeline = DEFAULT_PIPELINE if args.passes is None else ("" if args.passes == "none" else args.passes)
-    dump = _dump_callback(args.dump_after, args.dump_dir)
+    dump = _dump_callback(run, args.dump_after, args.dump_dir)
     parallel = {flag.lstrip("-").replace("-", "_"): getattr(args, flag.lstrip("-").replace("-", "_")) for flag, _, _ in PARALLEL_FLAGS}
 
     start = time.perf_counter()
@@ -150,24 +131,20 @@ def _compile(args: argparse.Namespace) -> int:
     manager = run_passes(module, pipeline, verify=args.verify, dump_after=dump)
 
     # Render everything before writing anything, so a failure leaves no output at all.
-    outputs: list[tuple[str, str]] = []
-    if args.output:
-        outputs.append((args.output, print_module(module)))
-    if args.summary_json:
-        outputs.append((args.summary_json, json.dumps(summarize(module), indent=2) + "\n"))
-    if args.partition_json:
+    if output:
+        run.add(output, print_module(module))
+    if summary:
+        run.add(summary, json.dumps(summarize(module), indent=2) + "\n")
+    if partition:
         from passes.partition import partition_to_json
 
-        outputs.append((args.partition_json, json.dumps(partition_to_json(module), indent=2) + "\n"))
+        run.add(partition, json.dumps(partition_to_json(module), indent=2) + "\n")
     report_text = None
     if args.report:
         from tessera.report import render_report
 
         report_text = render_report(module)
-    from tessera.io import write_atomic
-
-    for path, text in outputs:
-        write_atomic(path, text)
+    run.commit()
     if report_text is not None:
         print(report_text)
     if args.timing:
@@ -176,17 +153,14 @@ def _compile(args: argparse.Namespace) -> int:
 
 
 def compile_main(argv: Sequence[str] | None = None) -> int:
-    return _run_tool("tessera-compile", argv, _compile, _compile_parser())
+    return run_tool("tessera-compile", _compile_parser(), _compile, argv)
 
 
 # ---------------------------------------------------------------- tessera-opt
 
 
 def _opt_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="tessera-opt",
-        description="Run passes on textual Tessera IR and print the result.",
-    )
+    p = tool_parser("tessera-opt", "Run passes on textual Tessera IR and print the result.")
     p.add_argument("input", nargs="?", default="-", help="input .tir file ('-' or nothing for stdin)")
     p.add_argument("--passes", default="", help="comma-separated pass pipeline, e.g. 'verify' or 'a,b{opt=v}'")
     p.add_argument("-o", "--output", default="-", help="output file (default: stdout)")
@@ -195,11 +169,10 @@ def _opt_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-verify", dest="verify", action="store_false", help="skip verifying input and pass results")
     p.add_argument("--timing", action="store_true", help="print how long parsing and each pass took")
     p.add_argument("--list-passes", action="store_true", help="list the registered passes and exit")
-    p.add_argument("--debug", action="store_true", help="show tracebacks")
     return p
 
 
-def _opt(args: argparse.Namespace) -> int:
+def _opt(args: argparse.Namespace, run: Run) -> int:
     from passes.manager import PassManager, parse_pipeline
     from tessera_ir.parser import parse_module
     from tessera_ir.verifier import verify
@@ -209,31 +182,26 @@ def _opt(args: argparse.Namespace) -> int:
             print(f"{name:20s} {get_pass_class(name).summary}")
         return 0
     passes = parse_pipeline(args.passes) if args.passes.strip() else []  # bad pipelines fail before reading input
-    dump = _dump_callback(args.dump_after, args.dump_dir)
-    if args.input == "-":
-        text, source = sys.stdin.read(), "<stdin>"
-    else:
-        path = Path(args.input)
-        if not path.is_file():
-            raise TesseraError(f"input file '{args.input}' does not exist")
-        text, source = path.read_text(), str(path)
+    output = _ir_output(run, args.output)
+    dump = _dump_callback(run, args.dump_after, args.dump_dir)
+    text = run.read_text(args.input)
     start = time.perf_counter()
-    module = parse_module(text, source=source)
+    module = parse_module(text, source="<stdin>" if args.input == "-" else args.input)
     parse_s = time.perf_counter() - start
     if args.verify:
         verify(module)
     manager = PassManager(passes, verify_each=args.verify, dump_after=dump)
     manager.run(module)
-    from tessera.io import write_atomic
-
-    write_atomic(args.output, print_module(module))
+    assert output is not None
+    run.add(output, print_module(module))
+    run.commit()
     if args.timing:
         _print_timing(manager.timings, [("parse", parse_s)])
     return 0
 
 
 def opt_main(argv: Sequence[str] | None = None) -> int:
-    return _run_tool("tessera-opt", argv, _opt, _opt_parser())
+    return run_tool("tessera-opt", _opt_parser(), _opt, argv)
 
 
 def viz_main(argv: Sequence[str] | None = None) -> int:
