@@ -82,26 +82,60 @@ def available_hardware() -> list[str]:
     return sorted({p.stem for p in HARDWARE_DIR.glob("*.json")} | {"cpu"})
 
 
-def load_hardware(name_or_path: str | Path) -> Hardware:
-    """Load a hardware description by short name (``h100``) or by path to a JSON file."""
-    path = Path(name_or_path)
-    if not path.suffix:
-        path = HARDWARE_DIR / f"{name_or_path}.json"
-        if str(name_or_path) == "cpu" and not path.is_file():
-            # The local CPU has no shipped file: it is described by running
-            # micro-benchmarks once and caching the result.
-            from passes.calibrate_cpu import cpu_hardware
+# Files given explicitly on a command line, by the text that named them (see allow_hardware_file).
+_ALLOWED_FILES: dict[str, Path] = {}
 
-            return cpu_hardware()
-    if not path.is_file():
-        raise HardwareError(
-            f"no hardware description '{name_or_path}'; use one of {', '.join(available_hardware())} "
-            "or a path to a JSON file with the same fields"
-        )
+
+def allow_hardware_file(path_text: str) -> None:
+    """Let ``path_text``, a hardware file given explicitly on the command line, be used as a
+    hardware name for the rest of this process (for example when the IR records it)."""
+    _ALLOWED_FILES[path_text] = Path(path_text)
+
+
+def check_hardware_name(name: object) -> str:
+    """``name`` if it names a shipped description (``passes/hardware/*.json``), ``cpu`` or a
+    file allowed by :func:`allow_hardware_file`; else a :class:`HardwareError`.
+
+    Hardware names come from the IR and from pass options, which anyone can write; they
+    never reach the file system as paths (no ``../``, no over-long names)."""
+    if isinstance(name, str) and (name in _ALLOWED_FILES or name in available_hardware()):
+        return name
+    spelled = repr(name) if len(repr(name)) <= 40 else repr(name)[:37] + "..."
+    raise HardwareError(
+        f"unknown hardware {spelled}; hardware named in the IR or a pass option is one of "
+        f"{', '.join(available_hardware())} (a description file elsewhere is read only when given on the command line)"
+    )
+
+
+def load_hardware(name_or_file: str | Path) -> Hardware:
+    """Load a hardware description: a name (``h100``, ``cpu``; see :func:`check_hardware_name`)
+    or a :class:`~pathlib.Path` the program chose itself (a calibration cache, a file the
+    command line gave)."""
+    if isinstance(name_or_file, Path):
+        return _load_file(name_or_file)
+    name = check_hardware_name(name_or_file)
+    if name in _ALLOWED_FILES:
+        return _load_file(_ALLOWED_FILES[name])
+    path = HARDWARE_DIR / f"{name}.json"
+    if name == "cpu" and not path.is_file():
+        # The local CPU has no shipped file: it is described by running
+        # micro-benchmarks once and caching the result.
+        from passes.calibrate_cpu import cpu_hardware
+
+        return cpu_hardware()
+    return _load_file(path)
+
+
+def _load_file(path: Path) -> Hardware:
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise HardwareError(f"{path}:{err.lineno}:{err.colno}: invalid JSON: {err.msg}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        raise HardwareError(f"cannot read the hardware description {str(path)[:200]}: {reason}") from None
+    if not isinstance(data, dict):
+        raise HardwareError(f"{path}: a hardware description is a JSON object with the fields {', '.join(_REQUIRED)}")
     missing = [k for k in _REQUIRED if k not in data]
     if missing:
         raise HardwareError(f"{path}: hardware description lacks {', '.join(missing)}")
