@@ -97,6 +97,8 @@ def _format_value(value: Value, depth: int) -> str:
 
 def spell_value(value: object, width: int = 40) -> str:
     """A short spelling of any value for a message; never raises, however deep or odd the value."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
     try:
         text = format_value(value)  # type: ignore[arg-type]
     except PrintError:
