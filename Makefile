@@ -42,6 +42,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/bench_capture.py
 	$(BIN)/python bench/bench_ir_text.py
+	$(BIN)/python bench/bench_parse.py
 	$(BIN)/python bench/bench_pair_schedule.py
 	$(BIN)/python bench/bench_partition.py
 	$(BIN)/python bench/bench_cost_model.py

@@ -80,8 +80,12 @@ class Run:
     def add(self, path: str | Path, data: str | bytes) -> None:
         """Give the contents of a declared output file, or of a file in a declared folder."""
         key = _key(path)
-        if key not in self._files and os.path.dirname(key) not in self._folders:
-            raise AssertionError(f"output {path} was not declared before the work started")
+        if key not in self._files:
+            folder = self._folders.get(os.path.dirname(key))
+            if folder is None:
+                raise AssertionError(f"output {path} was not declared before the work started")
+            if folder[1]:  # in a folder that exists already: checked once its name is known
+                check_output_file(str(path), "output")
         self._files[key] = data.encode() if isinstance(data, str) else data
 
     def write_now(self, folder: Path, name: str, data: str) -> Path:

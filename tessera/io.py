@@ -140,7 +140,7 @@ def write_files(files: Sequence[tuple[Path, bytes]]) -> None:
             backup = _backup(target)
             os.replace(tmp, target)
             done.append((target, backup))
-    except BaseException:
+    except BaseException as err:
         for tmp, _ in staged:
             Path(tmp).unlink(missing_ok=True)
         for target, backup in reversed(done):
@@ -148,6 +148,9 @@ def write_files(files: Sequence[tuple[Path, bytes]]) -> None:
                 os.replace(backup, target)
             else:
                 target.unlink(missing_ok=True)
+        if isinstance(err, OSError):
+            failed = staged[len(done)][1]
+            raise OutputError(f"cannot write {_shown(failed)}: {err.strerror or err}; no output was written") from None
         raise
     for _, backup in done:
         if backup is not None:

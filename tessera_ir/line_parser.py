@@ -36,8 +36,18 @@ import re
 from typing import Any
 
 from tessera_ir.kinds import FfnKind, LayerRole, MixerKind, Phase, Resource, TaskOp
-from tessera_ir.model import CORE_TASK_FIELDS, MAX_VALUE_DEPTH, Attrs, Layer, Module, PlanEntry, PlanOp, SymbolRef, Task
-from tessera_ir.model import value_depth as _value_depth
+from tessera_ir.model import (
+    CORE_TASK_FIELDS,
+    MAX_VALUE_DEPTH,
+    Attrs,
+    Layer,
+    Module,
+    PlanEntry,
+    PlanOp,
+    SymbolRef,
+    Task,
+    value_depth,
+)
 
 # The grammar's terminals (grammar.lark), as this path needs them.
 _NAME = r"@([A-Za-z0-9_][A-Za-z0-9_.\-]*)"
@@ -65,9 +75,10 @@ _DEPS = re.compile(rf"{_NAME}(?:{_OPT},{_OPT}{_NAME})*")
 _DEP_SPLIT = re.compile(rf"{_OPT},{_OPT}@")
 
 _STRING = re.compile(_STRING_PATTERN)
-# A key and its '='. Only from the start of a word: a word with no '=' after it is then
-# tried once, not once per character.
-_KEY = re.compile(rf"(?<![A-Za-z0-9_.\-@])({_WORD}){_OPT}=")
+# A key and its '=', after the '{' or ',' before it (kept). Every key of a dictionary
+# follows one of the two, and starting from them lets the regex engine skip to the next
+# one in C and try each word once, not once per character.
+_KEY = re.compile(rf"([{{,]{_OPT})({_WORD}){_OPT}=")
 _SYMBOL = re.compile(_NAME)
 # ``null`` as a value (JSON would read None); inside a name or as a key it is harmless.
 _NULL = re.compile(r"(?<![A-Za-z0-9_.\-@])null(?![A-Za-z0-9_.\-]|[ \t]*=)")
@@ -80,6 +91,11 @@ _ROLES = {member.value: member for member in LayerRole}
 _MIXERS = {member.value: member for member in MixerKind}
 _FFNS = {member.value: member for member in FfnKind}
 _CORE_COUNT = len(CORE_TASK_FIELDS)
+
+
+# Placeholders of objects made before their attributes are decoded; each is replaced.
+_NO_SHAPES: list[list[int]] = []
+_NO_ATTRS: Attrs = {}
 
 
 class _Declined(Exception):
@@ -128,6 +144,8 @@ class _Reader:
         module: Module | None = None
         layer: Layer | None = None
         op: PlanOp | None = None
+        locations: dict[str, tuple[int, int]] = {}
+        entry_prefix = ""
         for number, raw in enumerate(self.text.split("\n"), 1):
             if state == _TASKS:
                 match = task_line(raw)
@@ -142,10 +160,20 @@ class _Reader:
                     if deps_text is not None:
                         if not _DEPS.fullmatch(deps_text):
                             raise _Declined
-                        deps = _DEP_SPLIT.split(deps_text[1:])
-                    task = Task(name, op_phase[0], op_phase[1], resource, deps)
+                        # The printer's ", @" between names: a split in C; else the general one.
+                        if deps_text.count(",") == deps_text.count(", @"):
+                            deps = deps_text[1:].split(", @")
+                        else:
+                            deps = _DEP_SPLIT.split(deps_text[1:])
+                    # Core fields and attributes come with the decoded dictionaries; the
+                    # placeholders spare two allocations per task.
+                    task = Task(name, op_phase[0], op_phase[1], resource, deps, 0, 0, 0, 0, _NO_SHAPES, False, _NO_ATTRS)
                     layer.tasks.append(task)
-                    module.locate(f"task:{name}", number, len(lead) + 1)
+                    key = "task:" + name
+                    if key in locations:
+                        module.locate(key, number, len(lead) + 1)
+                    else:
+                        locations[key] = (number, len(lead) + 1)
                     bodies.append(body)
                     owners.append(task)
                     continue
@@ -154,9 +182,13 @@ class _Reader:
                 if match is not None:
                     assert module is not None and op is not None
                     lead, ref, body = match.groups()
-                    entry = PlanEntry(ref)
+                    entry = PlanEntry(ref, _NO_ATTRS)
                     op.entries.append(entry)
-                    module.locate(f"entry:{op.name}:{ref}", number, len(lead) + 1)
+                    key = entry_prefix + ref
+                    if key in locations:
+                        module.locate(key, number, len(lead) + 1)
+                    else:
+                        locations[key] = (number, len(lead) + 1)
                     bodies.append(body)
                     owners.append(entry)
                     continue
@@ -173,6 +205,7 @@ class _Reader:
                     state = _AFTER
                 elif line.startswith("plan"):
                     op, opens = self._plan_op(raw, number, module)
+                    entry_prefix = f"entry:{op.name}:"
                     state = _ENTRIES if opens else _PLAN
                 elif state == _LAYERS and line.startswith("layer"):
                     layer = self._layer(raw, number, module)
@@ -181,6 +214,7 @@ class _Reader:
                     raise _Declined
             elif state == _BEFORE:
                 module = self._module(raw, number)
+                locations = module.locations
                 state = _LAYERS
             else:  # after the module's closing brace: only blank lines and comments
                 raise _Declined
@@ -240,12 +274,12 @@ class _Reader:
 
 
 def _fill_task(task: Task, attrs: Attrs) -> None:
-    """Set the core fields of ``task`` from the head of its attribute dictionary, the rest as attributes."""
-    keys = tuple(attrs)
-    if keys[:_CORE_COUNT] != CORE_TASK_FIELDS:
+    """Set the core fields of ``task`` from the head of its attribute dictionary; what is
+    left of the dictionary (the same object, no copy) becomes the task's attributes."""
+    if tuple(attrs)[:_CORE_COUNT] != CORE_TASK_FIELDS:
         raise _Declined
-    values: tuple[Any, ...] = tuple(attrs.values())
-    flops, nbytes, param_bytes, act_bytes, shapes, movable = values[:_CORE_COUNT]
+    flops, nbytes, param_bytes, act_bytes = attrs.pop("flops"), attrs.pop("bytes"), attrs.pop("param_bytes"), attrs.pop("act_bytes")
+    shapes, movable = attrs.pop("shapes"), attrs.pop("movable")
     if type(flops) is not int or type(nbytes) is not int or type(param_bytes) is not int or type(act_bytes) is not int:
         raise _Declined
     if type(movable) is not bool or type(shapes) is not list:
@@ -257,9 +291,7 @@ def _fill_task(task: Task, attrs: Attrs) -> None:
             if type(dim) is not int:
                 raise _Declined
     task.flops, task.bytes, task.param_bytes, task.act_bytes = flops, nbytes, param_bytes, act_bytes
-    task.shapes, task.movable = shapes, movable
-    if len(keys) > _CORE_COUNT:
-        task.attrs = dict(zip(keys[_CORE_COUNT:], values[_CORE_COUNT:]))
+    task.shapes, task.movable, task.attrs = shapes, movable, attrs  # type: ignore[assignment]
 
 
 def _decode(bodies: list[str]) -> list[Attrs]:
@@ -284,9 +316,9 @@ def _decode(bodies: list[str]) -> list[Attrs]:
         raise _Declined
     keys = 0
     if "=" in outside:
-        pieces = _KEY.split(outside)
-        keys = len(pieces) // 2
-        pieces[1::2] = map(_QUOTED_KEY, pieces[1::2])
+        pieces = _KEY.split(outside)  # text, separator, key, text, separator, key, ..., text
+        keys = len(pieces) // 3
+        pieces[2::3] = map(_QUOTED_KEY, pieces[2::3])
         outside = "".join(pieces)
     if "@" in outside:
         pieces = _SYMBOL.split(outside)
@@ -307,7 +339,7 @@ def _decode(bodies: list[str]) -> list[Attrs]:
     if len(dicts) != count or not all(type(d) is dict for d in dicts) or sum(map(len, dicts)) != keys:
         raise _Declined  # a key given twice (the last one won), or a dictionary split apart
     for k in may_be_deep:
-        if any(isinstance(v, list) and _value_depth(v) > MAX_VALUE_DEPTH for v in dicts[k].values()):
+        if any(isinstance(v, list) and value_depth(v) > MAX_VALUE_DEPTH for v in dicts[k].values()):
             raise _Declined
     for k in with_symbols:  # after the depth check: the rewriting recurses
         dicts[k] = _with_symbol_refs(dicts[k])

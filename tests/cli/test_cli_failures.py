@@ -261,7 +261,7 @@ def test_outputs_written_together_are_all_or_nothing(tmp_path: Path, monkeypatch
         real_replace(src, dst)
 
     monkeypatch.setattr(io.os, "replace", fail_second)
-    with pytest.raises(OSError):
+    with pytest.raises(io.OutputError, match="cannot write .*b.tir: No space left on device; no output was written"):
         io.write_files([(first, b"new a\n"), (second, b"new b\n")])
     monkeypatch.setattr(io.os, "replace", real_replace)
     assert first.read_text() == "old a\n"
