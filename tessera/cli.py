@@ -174,7 +174,6 @@ def _opt_parser() -> argparse.ArgumentParser:
 
 def _opt(args: argparse.Namespace, run: Run) -> int:
     from passes.manager import PassManager, parse_pipeline
-    from tessera_ir.parser import parse_module
     from tessera_ir.verifier import verify
 
     if args.list_passes:
@@ -184,9 +183,8 @@ def _opt(args: argparse.Namespace, run: Run) -> int:
     passes = parse_pipeline(args.passes) if args.passes.strip() else []  # bad pipelines fail before reading input
     output = _ir_output(run, args.output)
     dump = _dump_callback(run, args.dump_after, args.dump_dir)
-    text = run.read_text(args.input)
     start = time.perf_counter()
-    module = parse_module(text, source="<stdin>" if args.input == "-" else args.input)
+    module = run.parse_ir(args.input)
     parse_s = time.perf_counter() - start
     if args.verify:
         verify(module)
@@ -196,7 +194,7 @@ def _opt(args: argparse.Namespace, run: Run) -> int:
     run.add(output, print_module(module))
     run.commit()
     if args.timing:
-        _print_timing(manager.timings, [("parse", parse_s)])
+        _print_timing(manager.timings, [("read and parse", parse_s)])
     return 0
 
 

@@ -279,12 +279,11 @@ def _viz_parser() -> argparse.ArgumentParser:
 
 
 def _viz(args: argparse.Namespace, run: Run) -> int:
-    from tessera_ir import parse_module
     from tessera_ir.verifier import verify
 
     formats = _parse_formats(args.format)
     folder = run.output_folder(args.output, "-o")
-    module = parse_module(run.read_text(args.plan), source=args.plan)
+    module = run.parse_ir(args.plan)
     verify(module)  # a schedule is drawn only once the verifier has checked it
     drawn: list[Path] = []
     for name, schedule in _schedules_to_draw(module, args.pair):

@@ -266,3 +266,18 @@ def test_outputs_written_together_are_all_or_nothing(tmp_path: Path, monkeypatch
     monkeypatch.setattr(io.os, "replace", real_replace)
     assert first.read_text() == "old a\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.tir"]
+
+
+def test_viz_draws_a_valid_schedule_whose_times_approach_the_largest_float(work: Path) -> None:
+    import json
+
+    entry = "@l1.attention.wgrad {duration = 25.0, order = 8, start = "
+    text = PLAN.read_text()
+    assert entry + "165.5" in text
+    # Moved to the end of the compute stream, where nothing waits for it: still valid.
+    (work / "far.tir").write_text(text.replace(entry + "165.5", entry + "1.7e+308"))
+    code, out, err = tool("tessera-viz", "far.tir", "--format", "json,dot", "-o", ".", cwd=work)
+    assert code == 0, err
+    trace = json.loads((work / "sched.0.trace.json").read_text())
+    assert max(e["ts"] for e in trace["traceEvents"] if e["ph"] == "X") == 1.7e308
+    assert "tick" in (work / "sched.0.schedule.dot").read_text()

@@ -174,3 +174,40 @@ def test_parsing_leaves_the_garbage_collector_alone(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(gc, "set_threshold", refuse)
     text = print_module(qwen3_next_like(4))
     assert parse_module(text) == parse_with_grammar(text)
+
+
+TASK = (
+    "    task @l0.router.fwd = router.fwd on compute after(@a, @b) "
+    "{flops = 1, bytes = 2, param_bytes = 3, act_bytes = 4, shapes = [[1, 2], [3]], movable = false, x = 1.5}"
+)
+ENTRY = '    @l0.router.fwd {duration = 1.5, order = 0, start = 0.0, stream = "compute"}'
+EDITS = [
+    # (text to find, replacement): each variant parses or fails alike on both paths
+    ("x = 1.5}", "x = 1.5,}"), ("movable = false, x = 1.5}", "movable = false,}"), ("x = 1.5}", "flops = 2}"),
+    ("flops = 1", "flops = 007"), ("flops = 1", "flops = -0"), ("flops = 1", "flops = 1.0"),
+    ("flops = 1", "flops = " + "9" * 5000), ("[[1, 2], [3]]", "[[1, 2], [3],]"), ("[[1, 2], [3]]", "[[1, 02]]"),
+    ("[[1, 2], [3]]", "[[1, 2]], [[3]]"), ("[[1, 2], [3]]", "[]"), ("[[1, 2], [3]]", "[[-1]]"),
+    ("movable = false", "movable = true"), ("movable = false", "movable = falsey"), ("x = 1.5", "x = [@a, \"s\"]"),
+    ("start = 0.0", "start = 0"), ("start = 0.0", "start = 1e999"), ("start = 0.0", "start = 1e-999"),
+    ("start = 0.0", "start = 007"), ("order = 0", "order = 0.5"), ("order = 0, ", ""), ('"compute"', '"comm"'),
+    ('"compute"', '"gpu"'), ('"compute"', '"compute\\u0021"'), ("duration = 1.5", "duration = -1.5"),
+    ("duration = 1.5", "duration = 1.5e+308"), ("start = 0.0", "start = 0.0, start = 1.0"),
+]
+
+
+@pytest.mark.parametrize("old, new", EDITS)
+def test_edge_spellings_read_alike_on_both_paths(old: str, new: str) -> None:
+    module = (
+        "module @m {\n  layer @l0 decoder 0 \"p\" mixer = none ffn = moe {\n" + TASK + "\n  }\n"
+        "  plan pair_schedule @s {} {\n" + ENTRY + "\n  }\n}\n"
+    )
+    assert old in module
+    text = module.replace(old, new, 1)
+    fast = parse_lines(text)
+    try:
+        slow = parse_with_grammar(text)
+    except ParseError:
+        assert fast is None, "the fast path accepted text the grammar refuses"
+        return
+    if fast is not None:  # declining is always allowed: the grammar then reads it
+        assert_same(fast, slow)
