@@ -150,10 +150,16 @@ class _Reader:
         # Shapes of the tasks whose core fields were read from the line, decoded together.
         self.shapes: list[str] = []
         self.shaped: list[Task] = []
+        # Numbers of the entries read from the line (duration, start; order or null), decoded together.
+        self.numbers: list[str] = []
+        self.orders: list[str] = []
+        self.streams: list[str] = []
+        self.numbered: list[PlanEntry] = []
 
     def module(self) -> Module:
         module = self._lines()
         self._fill_shapes()
+        self._fill_entries()
         bodies, self.bodies = self.bodies, []
         dicts = _decode(bodies)
         for owner, attrs in zip(self.owners, dicts):
@@ -191,6 +197,28 @@ class _Reader:
             raise _Declined  # a trailing comma: the grammar parser reports it
         task.attrs = _EXTRAS_PENDING
         return "{" + extras
+
+    def _fill_entries(self) -> None:
+        if not self.numbered:
+            return
+        try:
+            numbers = _NUMBERS.decode("[" + ",".join(self.numbers) + "]")
+            orders = _NUMBERS.decode("[" + ",".join(self.orders) + "]")
+        except (ValueError, RecursionError):  # leading zeros, more digits than Python converts
+            raise _Declined from None
+        if len(numbers) != 2 * len(self.numbered) or len(orders) != len(self.numbered):
+            raise _Declined
+        try:
+            finite = math.isfinite(sum(numbers))  # one pass in C; an infinity anywhere makes the sum one
+        except OverflowError:  # an integer too large for a float: legal, look closer
+            finite = False
+        if not finite and any(type(v) is float and not math.isfinite(v) for v in numbers):
+            raise _Declined  # too large a float: the grammar parser reports it
+        for entry, duration, start, order, stream in zip(self.numbered, numbers[0::2], numbers[1::2], orders, self.streams):
+            if order is None:
+                entry.attrs = {"duration": duration, "start": start, "stream": stream}
+            else:
+                entry.attrs = {"duration": duration, "order": order, "start": start, "stream": stream}
 
     def _fill_shapes(self) -> None:
         if not self.shapes:
@@ -253,12 +281,16 @@ class _Reader:
                     assert module is not None and op is not None
                     lead, ref, body = match.groups()
                     fields = entry_fields(body)
+                    entry = PlanEntry(ref, _NO_ATTRS)
                     if fields is None:
-                        entry = PlanEntry(ref, _NO_ATTRS)
                         bodies.append(body)
                         owners.append(entry)
                     else:
-                        entry = PlanEntry(ref, _entry_attrs(*fields.groups()))
+                        duration, order, start, stream = fields.groups()
+                        self.numbers += (duration, start)
+                        self.orders.append(order or "null")
+                        self.streams.append(stream)
+                        self.numbered.append(entry)
                     op.entries.append(entry)
                     key = entry_prefix + ref
                     if key in locations:
@@ -374,27 +406,6 @@ def _check_shapes(shapes: object) -> None:
                 raise _Declined
 
 
-def _entry_attrs(duration: str, order: str | None, start: str, stream: str) -> Attrs:
-    """The attributes of an entry the printer spelled (``_ENTRY_FIELDS``), in their order."""
-    if order is None:
-        return {"duration": _number(duration), "start": _number(start), "stream": stream}
-    try:
-        order_value = int(order)
-    except ValueError:
-        raise _Declined from None
-    return {"duration": _number(duration), "order": order_value, "start": _number(start), "stream": stream}
-
-
-def _number(text: str) -> int | float:
-    """The grammar's reading of a NUMBER: a float when it has a point or an exponent."""
-    try:
-        if "." in text or "e" in text or "E" in text:
-            return _finite_float(text)
-        return int(text)
-    except ValueError:  # too large a float, more digits than Python converts
-        raise _Declined from None
-
-
 def _decode(bodies: list[str]) -> list[Attrs]:
     """Decode every attribute dictionary with one call of the JSON decoder.
 
@@ -403,7 +414,6 @@ def _decode(bodies: list[str]) -> list[Attrs]:
     """
     count = len(bodies)
     may_be_deep = [k for k, body in enumerate(bodies) if body.count("[") > MAX_VALUE_DEPTH]
-    with_symbols = [k for k, body in enumerate(bodies) if "@" in body]
     joined = ",".join(bodies)
     bodies.clear()
     if "\x00" in joined:
@@ -421,7 +431,9 @@ def _decode(bodies: list[str]) -> list[Attrs]:
         keys = len(pieces) // 3
         pieces[2::3] = map(_QUOTED_KEY, pieces[2::3])
         outside = "".join(pieces)
+    decoder = _DECODER
     if "@" in outside:
+        decoder = _DECODER_WITH_SYMBOLS
         pieces = _SYMBOL.split(outside)
         pieces[1::2] = map(_SYMBOL_OBJECT, pieces[1::2])
         outside = "".join(pieces)
@@ -433,7 +445,7 @@ def _decode(bodies: list[str]) -> list[Attrs]:
     text = '"'.join(document)
     del document
     try:
-        dicts = _DECODER.decode(text)
+        dicts = decoder.decode(text)
     except (ValueError, RecursionError):  # JSONDecodeError is a ValueError; so are over-long integers
         raise _Declined from None
     del text
@@ -442,8 +454,6 @@ def _decode(bodies: list[str]) -> list[Attrs]:
     for k in may_be_deep:
         if any(isinstance(v, list) and value_depth(v) > MAX_VALUE_DEPTH for v in dicts[k].values()):
             raise _Declined
-    for k in with_symbols:  # after the depth check: the rewriting recurses
-        dicts[k] = _with_symbol_refs(dicts[k])
     return dicts  # type: ignore[no-any-return]
 
 
@@ -472,14 +482,10 @@ def _split_strings(joined: str) -> tuple[list[str], str]:
         pos = literal.end()
 
 
-def _with_symbol_refs(value: Any) -> Any:
-    """``value`` with each ``{"@": name}`` the rewriting made turned into a SymbolRef."""
-    if isinstance(value, dict):
-        if len(value) == 1 and "@" in value:
-            return SymbolRef(value["@"])
-        return {key: _with_symbol_refs(v) for key, v in value.items()}
-    if isinstance(value, list):
-        return [_with_symbol_refs(v) for v in value]
+def _symbol_or_dict(value: dict[str, Any]) -> Any:
+    """A decoded object: the ``{"@": name}`` the rewriting made from ``@name`` is a SymbolRef."""
+    if len(value) == 1 and "@" in value:
+        return SymbolRef(value["@"])
     return value
 
 
@@ -495,3 +501,6 @@ def _no_constant(text: str) -> Any:
 
 
 _DECODER = json.JSONDecoder(parse_float=_finite_float, parse_constant=_no_constant)
+_DECODER_WITH_SYMBOLS = json.JSONDecoder(object_hook=_symbol_or_dict, parse_float=_finite_float, parse_constant=_no_constant)
+# Numbers the line regex found (no keys, no symbols): floats in C, checked afterwards.
+_NUMBERS = json.JSONDecoder(parse_constant=_no_constant)

@@ -192,6 +192,8 @@ EDITS = [
     ("start = 0.0", "start = 007"), ("order = 0", "order = 0.5"), ("order = 0, ", ""), ('"compute"', '"comm"'),
     ('"compute"', '"gpu"'), ('"compute"', '"compute\\u0021"'), ("duration = 1.5", "duration = -1.5"),
     ("duration = 1.5", "duration = 1.5e+308"), ("start = 0.0", "start = 0.0, start = 1.0"),
+    ("start = 0.0", "start = " + "9" * 400), ("start = 0.0", "start = " + "9" * 400 + ".0"),
+    ("order = 0", "order = " + "9" * 5000), ("x = 1.5", "x = @a"), ("x = 1.5", "x = [[@a], {}]"),
 ]
 
 
