@@ -146,7 +146,7 @@ def test_viz_leaves_nothing_when_graphviz_times_out(work: Path) -> None:
     bin_dir.mkdir()
     for engine in ("dot", "neato"):
         script = bin_dir / engine
-        script.write_text("#!/bin/sh\nsleep 30\n")
+        script.write_text("#!/bin/sh\nexec sleep 30\n")  # exec: the timeout kills the sleep itself
         script.chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
     (work / "drawings").mkdir()
