@@ -14,7 +14,7 @@ CPU time, which other work on a shared machine moves less; speed-ups are by CPU 
     .venv/bin/python bench/bench_parse.py                       # 2, 10 and 50 MB
     .venv/bin/python bench/bench_parse.py --mb 5 --mb 100 --grammar-max-mb 10
 
-Target (issue 10): at least 5 MB/s on a 50 MB module on the 2-core development machine.
+Target: at least 5 MB/s on a 50 MB module on the 2-core development machine.
 """
 
 from __future__ import annotations
