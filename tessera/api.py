@@ -7,9 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from passes.costs.hardware import CPU, DEFAULT_HARDWARE, Hardware, load_hardware
+from passes.costs.hardware import CPU, DEFAULT_HARDWARE, Hardware, allow_hardware_file, is_shipped_name, load_hardware
 from passes.manager import ModulePass, PassManager, parse_pipeline
-from tessera.io import write_atomic
+from tessera.io import read_text, write_atomic
 from tessera_ir import Module, print_module
 
 # The planning pipeline `tessera-compile` runs after capture, in the order of
@@ -36,12 +36,15 @@ def _announce_calibration(path: Path) -> None:
 
 
 def resolve_hardware(hardware: str) -> Hardware:
-    """Load the target ``hardware`` (a shipped name or a path); ``cpu`` is calibrated first if it
+    """Load the target ``hardware`` (a shipped name or a path the caller gives, which is then
+    allowed as a target for the rest of the process); ``cpu`` is calibrated first if it
     never was, with a message on stderr (calibration runs only when ``cpu`` is asked for)."""
     if hardware == CPU:
         from passes.costs.calibrate_cpu import cpu_hardware
 
         return cpu_hardware(announce=_announce_calibration)
+    if not is_shipped_name(hardware):
+        allow_hardware_file(hardware)
     return load_hardware(hardware)
 
 
@@ -82,8 +85,7 @@ def compile(  # noqa: A001
 def load_ir(path: str | Path) -> Module:
     from tessera_ir.parser import parse_module
 
-    text = Path(path).read_text()
-    return parse_module(text, source=str(path))
+    return parse_module(read_text(path), source=str(path))
 
 
 def save_ir(module: Module, path: str | Path) -> None:
