@@ -75,6 +75,7 @@ tests replay the same offer/fill/settle/due sequence through both and compare ev
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -184,6 +185,7 @@ class DboPolicy:
     counters: DboCounters = field(default_factory=DboCounters)
     _pool: dict[int, MovableTask] = field(default_factory=dict, repr=False)
     _seen: set[int] = field(default_factory=set, repr=False)
+    _order: list[tuple[float, int, int]] = field(default_factory=list, repr=False)  # (-duration, deadline, id)
     _pool_bytes: int = 0
 
     def __post_init__(self) -> None:
@@ -220,6 +222,7 @@ class DboPolicy:
             self.counters.refused_memory += 1
             return False
         self._pool[task.task_id] = task
+        bisect.insort(self._order, (-task.duration_us, task.deadline_step, task.task_id))
         self._pool_bytes += task.memory_bytes
         self.counters.deferred += 1
         self.counters.peak_pool_bytes = max(self.counters.peak_pool_bytes, self._pool_bytes)
@@ -235,18 +238,21 @@ class DboPolicy:
         self.counters.slots += 1
         self.counters.predicted_us += predicted_us
         chosen: list[MovableTask] = []
-        if predicted_us >= self.min_slot_us and predicted_us > 0 and self._pool:
+        if predicted_us >= self.min_slot_us and predicted_us > 0 and self._order:
             remaining = predicted_us
-            candidates = sorted(
-                (t for t in self._pool.values() if t.deadline_step >= step),
-                key=lambda t: (-t.duration_us, t.deadline_step, t.task_id),
-            )
-            for t in candidates:  # sorted by the best-fit order: the first that fits is the best
-                if t.duration_us <= remaining + FIT_EPS_US:
-                    chosen.append(t)
-                    remaining -= t.duration_us
-            for t in chosen:
-                self._take(t)
+            # ``_order`` is the pool in best-fit order (largest duration first): the first entry at or
+            # after the position of ``remaining`` is the best task that fits.
+            position = 0
+            while position < len(self._order):
+                position = bisect.bisect_left(self._order, (-(remaining + FIT_EPS_US), -(2**63), -(2**63)), position)
+                while position < len(self._order) and self._pool[self._order[position][2]].deadline_step < step:
+                    position += 1
+                if position >= len(self._order):
+                    break
+                task = self._pool[self._order[position][2]]
+                chosen.append(task)
+                remaining -= task.duration_us
+                self._take(task)
         if chosen:
             self.counters.slots_filled += 1
             self.counters.placed += len(chosen)
@@ -284,4 +290,5 @@ class DboPolicy:
 
     def _take(self, task: MovableTask) -> None:
         del self._pool[task.task_id]
+        del self._order[bisect.bisect_left(self._order, (-task.duration_us, task.deadline_step, task.task_id))]
         self._pool_bytes -= task.memory_bytes

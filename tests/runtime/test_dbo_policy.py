@@ -111,7 +111,7 @@ def test_the_policy_imports_only_the_standard_library() -> None:
         if isinstance(node, (ast.Import, ast.ImportFrom))
         for alias in node.names
     }
-    assert imported <= {"__future__", "collections", "dataclasses"}
+    assert imported <= {"__future__", "bisect", "collections", "dataclasses"}
 
 
 # ------------------------------------------------------------------ properties over generated traces
