@@ -9,8 +9,8 @@ Megatron-Core's construction (``megatron/core/pipeline_parallel/schedules.py``):
 - Virtual micro-batch ``k`` of a rank maps to ``(micro-batch, chunk)`` by a table built group
   by group: micro-batches are taken in groups of ``group = pp`` (the default
   ``microbatch_group_size_per_vp_stage``); for each group, every chunk runs the whole group
-  before the next chunk does. The last group takes every remaining micro-batch, so counts not
-  divisible by ``pp`` make the last group larger.
+  before the next chunk does. The last group holds the micro-batches that remain, so counts not
+  divisible by ``pp`` make the last group shorter.
 - The ``k``-th forward runs table entry ``k``; the ``k``-th backward runs the same micro-batch
   on chunk ``vpp - 1 - chunk`` (backwards visit chunks last to first).
 - Warm-up forwards on rank ``r``: ``pp - r - 1`` without interleaving; with it,
