@@ -38,9 +38,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from passes.simulation.program import BWD, COMM, COMPUTE, FWD, Action, Program, SimulationInput, SimulationInputError
 from runtime.dbo import DboCounters, DboPolicy, MovableTask, SlotSpec
+
+if TYPE_CHECKING:
+    import numpy as np
 
 LANES = ("compute", "a2a", "send_next", "send_prev", "grad_reduce")
 COMM_KINDS = ("dispatch", "combine", "p2p", "grad_reduce")
@@ -218,7 +222,7 @@ def _overlap_sweep(comm: list[tuple[float, float, int]], compute: list[tuple[flo
 
 def simulate(
     inp: SimulationInput,
-    imbalance: Sequence[Sequence[float]] | None = None,
+    imbalance: Sequence[Sequence[float]] | np.ndarray | None = None,
     dbo: DboSettings | None = None,
     record: bool = False,
     policy_factory: Callable[[int], DboPolicy] | None = None,
