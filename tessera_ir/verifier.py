@@ -490,3 +490,7 @@ def _plan_entries_unique(module: Module) -> Iterator[VerifyError]:
             if entry.ref in seen:
                 yield r.plan(op, f"lists '@{entry.ref}' more than once; each entity gets one entry per plan op")
             seen.add(entry.ref)
+
+
+# Checks of plan ops that later passes add live in their own modules and register themselves here.
+from tessera_ir import dbo_checks  # noqa: E402, F401
