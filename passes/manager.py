@@ -52,6 +52,7 @@ PASS_REGISTRY: dict[str, str] = {
     "profile": "passes.profile:ProfilePass",
     "candidates": "passes.candidates:CandidatesPass",
     "partition": "passes.partition:PartitionPass",
+    "dbo-slots": "passes.dbo_slots:DboSlotsPass",
 }
 
 

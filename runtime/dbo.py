@@ -264,7 +264,7 @@ class DboPolicy:
     def settle(self, decision: SlotDecision, observed_us: float) -> None:
         """Record the idle time the slot really had (measured as if nothing had been placed in it)."""
         observed = max(0.0, observed_us)
-        placed = decision.placed_us
+        placed = decision.placed_us if decision.tasks else 0.0
         self.counters.observed_us += observed
         self.counters.abs_error_us += abs(decision.predicted_us - observed)
         self.counters.recovered_us += min(placed, observed)

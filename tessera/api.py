@@ -12,7 +12,7 @@ from tessera_ir import Module, print_module
 
 # The planning pipeline `tessera-compile` runs after capture, in the order of
 # DESIGN.md (dbo-slots and pipeline come later).
-DEFAULT_PIPELINE = "candidates,overlap-schedule,profile,partition"
+DEFAULT_PIPELINE = "candidates,overlap-schedule,profile,partition,dbo-slots"
 
 
 def capture(source: Any, **parallel: Any) -> Module:

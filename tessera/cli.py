@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from passes.manager import PASS_REGISTRY, ModulePass, get_pass_class
+from passes.simulation.routing import DEFAULT_ZIPF_S, ROUTING_KINDS, RoutingSpec
 from tessera_ir.errors import TesseraError
 from tessera_ir.model import Module
 from tessera_ir.printer import print_module
@@ -121,6 +122,22 @@ def _compile_parser() -> argparse.ArgumentParser:
     group = p.add_argument_group("parallel settings (override PARALLEL in model.py and the workload defaults)")
     for flag, typ, help_text in PARALLEL_FLAGS:
         group.add_argument(flag, type=typ, default=None, help=help_text)
+    cap = p.add_argument_group(
+        "capacity report (simulated training iterations of the plan, static and with the DBO; printed after "
+        "planning unless the IR goes to stdout)"
+    )
+    cap.add_argument("--report-json", metavar="PATH", help="write the capacity report as JSON")
+    cap.add_argument("--trace", metavar="PATH", help="write the first simulated iteration (with DBO) as a Perfetto/Chrome trace")
+    cap.add_argument("--timeline", metavar="PATH", help="write the first simulated iteration (with DBO) as a PNG timeline")
+    cap.add_argument("--iterations", type=int, default=10, help="iterations to simulate (default 10)")
+    cap.add_argument("--routing", choices=list(ROUTING_KINDS), default="balanced",
+                     help="expert routing: balanced, zipf (skewed), drift (skew wandering over iterations), trace (a file)")
+    cap.add_argument("--zipf-s", type=float, default=DEFAULT_ZIPF_S, help=f"zipf/drift popularity exponent (default {DEFAULT_ZIPF_S})")
+    cap.add_argument("--drift", type=float, default=0.05, help="drift: per-iteration step of log-popularity (default 0.05)")
+    cap.add_argument("--routing-trace", metavar="PATH", help="trace routing: JSON of per-iteration, per-layer expert counts")
+    cap.add_argument("--routing-seed", type=int, default=0, help="seed of the routing draws (default 0)")
+    cap.add_argument("--dp", type=int, default=None, help="data-parallel replicas (gradient reduction, tokens/s; default 1)")
+    cap.add_argument("--no-capacity", action="store_true", help="do not simulate the plan")
     return p
 
 
@@ -137,6 +154,7 @@ def _compile(args: argparse.Namespace) -> int:
             "runtime; write the plan as .tir"
         )
     pipeline = DEFAULT_PIPELINE if args.passes is None else ("" if args.passes == "none" else args.passes)
+    routing = _routing_spec(args)  # bad simulation settings fail before the (long) capture and planning
     dump = _dump_callback(args.dump_after, args.dump_dir)
     parallel = {flag.lstrip("-").replace("-", "_"): getattr(args, flag.lstrip("-").replace("-", "_")) for flag, _, _ in PARALLEL_FLAGS}
 
@@ -164,15 +182,56 @@ def _compile(args: argparse.Namespace) -> int:
         from tessera.report import render_report
 
         report_text = render_report(module)
+    capacity_text, files = _capacity(args, module, routing)
+    outputs += files
     from tessera.io import write_atomic
 
-    for path, text in outputs:
-        write_atomic(path, text)
-    if report_text is not None:
-        print(report_text)
+    for path, data in outputs:
+        write_atomic(path, data)
+    printed = [text for text in (report_text, capacity_text) if text is not None]
+    if printed:
+        print("\n\n".join(printed))
     if args.timing:
         _print_timing(manager.timings, [("capture", capture_s), ("verify input", verify_s)])
     return 0
+
+
+def _routing_spec(args: argparse.Namespace) -> RoutingSpec:
+    from passes.simulation.routing import RoutingSpec
+
+    if args.iterations < 1:
+        raise TesseraError(f"--iterations must be at least 1, got {args.iterations}")
+    if args.dp is not None and args.dp < 1:
+        raise TesseraError(f"--dp must be a positive integer, got {args.dp}")
+    return RoutingSpec(args.routing, seed=args.routing_seed, zipf_s=args.zipf_s, drift=args.drift, trace=args.routing_trace)
+
+
+def _capacity(args: argparse.Namespace, module: Module, spec: RoutingSpec) -> tuple[str | None, list[tuple[str, str | bytes]]]:
+    """The capacity report's text and files (rendered before anything is written)."""
+    wanted_files = [f for f in ("report_json", "trace", "timeline") if getattr(args, f)]
+    planned = bool(module.plan_ops("partition"))
+    if not planned:
+        if wanted_files:
+            flag = "--" + wanted_files[0].replace("_", "-")
+            raise TesseraError(f"{flag} needs a planned module; run the planning pipeline (it ends with partition)")
+        return None, []
+    if args.no_capacity or (args.output == "-" and not wanted_files and not args.report):
+        return None, []
+    from passes.simulation.capacity import plan_capacity
+
+    result = plan_capacity(module, spec, iterations=args.iterations, dp=args.dp, record=bool(args.trace or args.timeline))
+    files: list[tuple[str, str | bytes]] = []
+    if args.report_json:
+        files.append((args.report_json, result.report.to_json()))
+    if args.trace or args.timeline:
+        from passes.simulation.trace import timeline_png, trace_json
+
+        title = f"{result.report.title} — {spec.describe()}, with DBO"
+        if args.trace:
+            files.append((args.trace, trace_json(result.dynamic_first, title)))
+        if args.timeline:
+            files.append((args.timeline, timeline_png(result.dynamic_first, title)))
+    return (None if args.output == "-" else result.report.render()), files
 
 
 def compile_main(argv: Sequence[str] | None = None) -> int:

@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 
 from passes.simulation.engine import COMM_KINDS, DboSettings, SimulationResult, simulate
 from passes.simulation.program import SimulationInput
-from passes.simulation.routing import RoutingModel
+from passes.simulation.routing import RoutingError, RoutingModel, RoutingSpec
 from runtime.dbo import DboCounters
+from tessera_ir.model import Module
 
 GIB = 2**30
 KIND_LABELS = {"dispatch": "dispatch", "combine": "combine", "p2p": "pipeline send/recv", "grad_reduce": "gradient reduction"}
@@ -52,7 +53,13 @@ class RunSummary:
     pipeline_wait_us: float
     in_step_idle_us: float
     peak_bytes: list[int]
+    comm_us: dict[str, tuple[float, float]] = field(default_factory=dict)  # kind -> (total, exposed) per iteration
     dbo: DboCounters | None = None
+
+    def exposed_of(self, *kinds: str) -> float:
+        """The exposed fraction of several collective kinds together (e.g. dispatch and combine)."""
+        total = sum(self.comm_us[k][0] for k in kinds)
+        return sum(self.comm_us[k][1] for k in kinds) / total if total > 0 else 0.0
 
     def as_dict(self) -> dict:
         out = {
@@ -92,10 +99,11 @@ def summarize(label: str, results: Sequence[SimulationResult]) -> RunSummary:
     pp = inp.pp
     stage = [sum(r.ranks[k].action_us for r in results) / n for k in range(pp)]
     mean_stage = sum(stage) / pp
-    exposed = {}
-    for kind in COMM_KINDS:
-        total = sum(r.comm[kind].total_us for r in results)
-        exposed[kind] = sum(r.comm[kind].exposed_us for r in results) / total if total > 0 else 0.0
+    comm_us = {
+        kind: (sum(r.comm[kind].total_us for r in results) / n, sum(r.comm[kind].exposed_us for r in results) / n)
+        for kind in COMM_KINDS
+    }
+    exposed = {kind: exposed / total if total > 0 else 0.0 for kind, (total, exposed) in comm_us.items()}
     counters = [r.dbo for r in results if r.dbo is not None]
     dbo = None
     if counters:
@@ -118,6 +126,7 @@ def summarize(label: str, results: Sequence[SimulationResult]) -> RunSummary:
         pipeline_wait_us=sum(rank.pipeline_wait_us for r in results for rank in r.ranks) / n,
         in_step_idle_us=sum(rank.in_action_idle_us for r in results for rank in r.ranks) / n,
         peak_bytes=[max(r.ranks[k].peak_bytes for r in results) for k in range(pp)],
+        comm_us=comm_us,
         dbo=dbo,
     )
 
@@ -218,3 +227,40 @@ class CapacityReport:
         for note in self.notes:
             lines.append(note)
         return "\n".join(lines)
+
+
+@dataclass
+class PlanCapacity:
+    """The capacity report of a planned module, and the recorded first iterations (for traces)."""
+
+    report: CapacityReport
+    static_first: SimulationResult
+    dynamic_first: SimulationResult
+
+
+def plan_capacity(
+    module: Module, routing: RoutingSpec, iterations: int = 10, dp: int | None = None, record: bool = False
+) -> PlanCapacity:
+    """Simulate the plan of ``module`` with and without the DBO under the same routing draws."""
+    from passes.simulation.build import BuildOptions, SimulationBuilder
+
+    if iterations < 1:
+        raise RoutingError(f"the capacity report needs at least one iteration, got {iterations}")
+    static_builder = SimulationBuilder(module, BuildOptions(dp=dp))
+    static_inp = static_builder.build()
+    model = static_builder.routing(routing)
+    dbo_builder = SimulationBuilder(module, BuildOptions(dp=dp, dbo=True))
+    dbo_inp = dbo_builder.build()
+    settings = dbo_builder.dbo_settings(dbo_inp)
+    static = run_iterations(static_inp, model, iterations, record_first=record)
+    dynamic = run_iterations(dbo_inp, model, iterations, settings, record_first=record)
+    moe = model.moe_layers
+    mean = (sum(float(model.imbalance(i)[moe].mean()) for i in range(iterations)) / iterations) if moe else 1.0
+    p = static_builder.parallel
+    title = (
+        f"{module.attrs.get('model', module.name)} PP={p.pp} VPP={p.vpp} EP={p.ep} TP={p.tp}, {p.microbatches} micro-batches, "
+        f"DP={static_builder.dp}"
+    )
+    report = CapacityReport(title, static_builder.hw.name, routing.describe(), mean, summarize("static plan", static),
+                            summarize("static plan + DBO", dynamic))
+    return PlanCapacity(report, static[0], dynamic[0])

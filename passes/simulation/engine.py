@@ -25,7 +25,8 @@ Model (the input is a :class:`~passes.simulation.program.SimulationInput`):
 - Dynamic Bubble Optimizer (optional, one :class:`runtime.dbo.DboPolicy` per rank): a deferrable
   task is offered to the pool when the compute stream reaches it; a slot (a compute task that
   waits for the All-to-All, annotated in the program, or a step that waits for a pipeline
-  receive) is filled with pooled tasks by the policy's prediction; at the end of every step the
+  receive) is filled with pooled tasks by the policy's prediction (the policy is asked only while
+  its pool holds work: with nothing to place there is no decision); at the end of every step the
   tasks whose deadline has come run on the compute stream. Deadlines: the step of the chunk's
   last backward, so every deferred weight gradient is done before its reduction starts.
 
@@ -65,6 +66,20 @@ class LaneStats:
             self.idle_us += start - self.free_us
         self.busy_us += end - start
         self.free_us = max(self.free_us, end)
+
+    def occupy_all(self, intervals: Sequence[tuple[float, ...]]) -> None:
+        """``occupy`` for intervals in time order (``(start, end, ...)``), in one loop."""
+        free, busy, idle = self.free_us, self.busy_us, self.idle_us
+        for interval in intervals:
+            start, end = interval[0], interval[1]
+            if start < free - 1e-6 * (start if start > 1.0 else 1.0):
+                raise AssertionError(f"lane overlap: interval starts at {start} before the lane is free at {free}")
+            if start > free:
+                idle += start - free
+            busy += end - start
+            if end > free:
+                free = end
+        self.free_us, self.busy_us, self.idle_us = free, busy, idle
 
 
 @dataclass
@@ -158,10 +173,15 @@ class SimulationResult:
 
 @dataclass(frozen=True)
 class DboSettings:
-    """How the simulator drives the DBO policy."""
+    """How the simulator drives the DBO policy: the pool's memory budget (one for every rank, or one
+    per rank) and the shortest slot worth filling."""
 
-    memory_budget_bytes: int  # per rank
+    memory_budget_bytes: int | tuple[int, ...]
     min_slot_us: float = 0.0
+
+    def budget(self, rank: int) -> int:
+        b = self.memory_budget_bytes
+        return b if isinstance(b, int) else b[rank]
 
 
 class _Compiled:
@@ -247,10 +267,11 @@ def simulate(
     if dbo is not None:
         for r in range(pp):
             policies[r] = (
-                policy_factory(r) if policy_factory is not None else DboPolicy(dbo.memory_budget_bytes, dbo.min_slot_us)
+                policy_factory(r) if policy_factory is not None else DboPolicy(dbo.budget(r), dbo.min_slot_us)
             )
             ranks[r].dbo = policies[r].counters  # type: ignore[union-attr]
     comm = {kind: CommStats() for kind in COMM_KINDS}
+    comm_total = [0.0, 0.0]  # dispatch, combine: summed here, stored in ``comm`` at the end
     events: list[Event] = []
     recv_waits: list[list[float]] = [[] for _ in range(pp)]
 
@@ -373,7 +394,7 @@ def simulate(
                                 fin[i] = ready_t
                                 peak_live = max(peak_live, live[r] + policy.pool_bytes)
                                 continue
-                        if slot is not None and policy is not None and ready_t > free_c:
+                        if slot is not None and policy is not None and ready_t > free_c and policy.pool_size:
                             decision = policy.fill(k, policy.predict(slot, factors[slot_routed] if slot_routed >= 0 else 1.0))
                             policy.settle(decision, ready_t - free_c)
                             for task in decision.tasks:
@@ -408,12 +429,11 @@ def simulate(
                         if record:
                             events.append(Event(r, "compute", task.name, free_c, free_c + task.duration_us, "fallback"))
                         free_c += task.duration_us
-                for start, end in comp_iv:
-                    compute_lane.occupy(start, end)
+                compute_lane.occupy_all(comp_iv)
+                comm_lane.occupy_all(comm_iv)
                 for start, end, code in comm_iv:
-                    comm_lane.occupy(start, end)
                     if code >= 0:
-                        comm[COMM_KINDS[code]].total_us += end - start
+                        comm_total[code] += end - start
                 exposed = _overlap_sweep(comm_iv, comp_iv)
                 comm["dispatch"].exposed_us += exposed[0]
                 comm["combine"].exposed_us += exposed[1]
@@ -465,6 +485,7 @@ def simulate(
                 lane.occupy(start, start + task.duration_us)
                 prev_end[r] = max(prev_end[r], start + task.duration_us)
         ranks[r].end_us = prev_end[r]
+    comm["dispatch"].total_us, comm["combine"].total_us = comm_total
     iteration = max(max(rs.end_us, rs.lanes["grad_reduce"].free_us) for rs in ranks) if ranks else 0.0
     for rs in ranks:
         tail = rs.lanes["grad_reduce"].free_us - rs.end_us

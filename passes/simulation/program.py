@@ -57,6 +57,7 @@ class SlotAnnotation:
     a2a_us: float = 0.0  # routing-scaled transfer time the wait depends on
     gemm_us: float = 0.0  # routing-scaled expert GEMM time the wait depends on
     routed: int = -1  # which routed layer's imbalance predicts it
+    waits_on: int = -1  # index of the All-to-All task it waits for
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,8 @@ class Program:
         for s in self.slots:
             if not 0 <= s.task < len(self.tasks) or self.tasks[s.task].stream != COMPUTE:
                 raise SimulationInputError(f"program {self.name}: slot {s.slot_id} is not before a compute task")
+            if s.waits_on >= 0 and (s.waits_on not in self.tasks[s.task].deps or self.tasks[s.waits_on].stream != COMM):
+                raise SimulationInputError(f"program {self.name}: slot {s.slot_id} waits on a task that is no All-to-All it depends on")
 
     @property
     def sides(self) -> tuple[bool, bool]:

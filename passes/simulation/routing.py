@@ -44,6 +44,8 @@ from tessera_ir.errors import TesseraError
 
 RoutingKind = Literal["balanced", "zipf", "drift", "trace"]
 ROUTING_KINDS: tuple[str, ...] = ("balanced", "zipf", "drift", "trace")
+# The default skew: a moderate exponent (see the README's comparison for the load imbalance it makes).
+DEFAULT_ZIPF_S = 0.3
 
 
 class RoutingError(TesseraError):
@@ -56,7 +58,7 @@ class RoutingSpec:
 
     kind: RoutingKind = "balanced"
     seed: int = 0
-    zipf_s: float = 1.0  # zipf and drift: the popularity exponent
+    zipf_s: float = DEFAULT_ZIPF_S  # zipf and drift: the popularity exponent
     drift: float = 0.05  # drift: standard deviation of the per-iteration log-popularity step
     trace: str | None = None  # trace: path of the JSON trace
 

@@ -9,11 +9,15 @@ the All-to-All's transfer time (``a2a_us``: duration minus its fixed latency) an
 All-to-All carries an expert GEMM's output, the GEMM's routed time (``gemm_us``). The DBO
 policy predicts ``base + (a2a + gemm) * (imbalance - 1)`` from the routing of that layer.
 
-*The pool.* A weight-gradient task that the static timeline runs after the program's last
-All-to-All has ended has nothing left to hide behind: it only lengthens the step. Those
-*tail* tasks are deferrable; the DBO takes them out of the step and runs them in a later slot,
-or as a fallback by their deadline. Weight gradients placed in gaps of the schedule already
-fill idle time where they are and stay.
+*The pool.* A weight gradient is worth deferring only where it lengthens the step: when it
+sits on the step's critical path, which it does when the compute stream is the last to finish
+and no idle gap separates the task from the end (in a compute-bound pair, most of them; in an
+All-to-All-bound pair, only those the schedule appended after the last transfer). Removing such
+a task shortens the step by up to its duration. The pool is chosen greedily from the end: each
+movable task, latest first, whose removal (with the ones already chosen) shortens the static
+timeline. Weight gradients placed in gaps the schedule could not otherwise fill stay where
+they are: moving them would only move idle time. The DBO takes the pool's tasks out of the
+step and runs them in a later slot, or as a fallback by their deadline.
 """
 
 from __future__ import annotations
@@ -59,11 +63,10 @@ def find_slots(program_name: str, tasks: tuple[SimTask, ...] | list[SimTask]) ->
         if comm_deps:
             waited_on = max(comm_deps, key=lambda d: (timeline.end[d], d))
             a2a = tasks[waited_on]
-            gemm_us = sum(
-                tasks[g].duration_us - tasks[g].fixed_us
-                for g in a2a.deps
-                if tasks[g].stream == COMPUTE and tasks[g].routed >= 0
-            )
+            gemm_us = 0.0
+            for g in a2a.deps:
+                if tasks[g].stream == COMPUTE and tasks[g].routed >= 0:
+                    gemm_us += tasks[g].duration_us - tasks[g].fixed_us
             slots.append(SlotAnnotation(
                 task=i,
                 slot_id=f"{program_name}.{t.name}",
@@ -71,22 +74,46 @@ def find_slots(program_name: str, tasks: tuple[SimTask, ...] | list[SimTask]) ->
                 a2a_us=a2a.duration_us - a2a.fixed_us if a2a.routed >= 0 else 0.0,
                 gemm_us=gemm_us,
                 routed=a2a.routed,
+                waits_on=waited_on,
             ))
         previous_compute_end = timeline.end[i]
     return slots
 
 
-def tail_tasks(tasks: tuple[SimTask, ...] | list[SimTask], movable: set[int]) -> set[int]:
-    """Indices of the ``movable`` tasks the static timeline starts after the last All-to-All ends."""
-    timeline = static_timeline(tasks)
-    last_comm = max((timeline.end[i] for i, t in enumerate(tasks) if t.stream == COMM), default=0.0)
+def static_timeline_without(tasks: tuple[SimTask, ...] | list[SimTask], removed: set[int]) -> float:
+    """Makespan of the static timeline with the ``removed`` tasks taken out (they finish when ready)."""
+    end: list[float] = []
+    free = [0.0, 0.0]
+    makespan = 0.0
+    for i, t in enumerate(tasks):
+        ready = max((end[d] for d in t.deps), default=0.0)
+        if i in removed:
+            end.append(ready)
+            continue
+        s = max(ready, free[t.stream])
+        end.append(s + t.duration_us)
+        free[t.stream] = s + t.duration_us
+        makespan = max(makespan, s + t.duration_us)
+    return makespan
+
+
+def critical_movable(tasks: tuple[SimTask, ...] | list[SimTask], movable: set[int]) -> set[int]:
+    """The ``movable`` tasks whose removal shortens the step, chosen greedily latest first (see the docstring)."""
     dependents = {d for t in tasks for d in t.deps}
-    return {i for i in movable if timeline.start[i] >= last_comm - 1e-9 and i not in dependents}
+    timeline = static_timeline(tasks)
+    chosen: set[int] = set()
+    makespan = timeline.makespan
+    for i in sorted(movable - dependents, key=lambda i: (-timeline.start[i], -i)):
+        shorter = static_timeline_without(tasks, chosen | {i})
+        if shorter < makespan - 1e-9 * max(1.0, makespan):
+            chosen.add(i)
+            makespan = shorter
+    return chosen
 
 
 def annotate(program: Program) -> Program:
-    """The program with its slots found and its tail weight gradients marked deferrable."""
+    """The program with its slots found and the weight gradients on its critical path marked deferrable."""
     movable = {i for i, t in enumerate(program.tasks) if t.kind == "wgrad"}
-    tail = tail_tasks(program.tasks, movable)
-    tasks = tuple(replace(t, deferrable=i in tail) for i, t in enumerate(program.tasks))
+    pool = critical_movable(program.tasks, movable)
+    tasks = tuple(replace(t, deferrable=i in pool) for i, t in enumerate(program.tasks))
     return Program(program.name, tasks, program.routed_layers, tuple(find_slots(program.name, tasks)))

@@ -83,7 +83,7 @@ def timeline_png(result: SimulationResult, title: str = "", width_in: float = 16
         used = sorted({category for _, category in bars})
         ax.legend(
             handles=[Patch(color=CATEGORY_COLOURS.get(c, "#333333"), label=c) for c in used],
-            loc="upper right", fontsize=7, ncol=len(used),
+            loc="upper center", bbox_to_anchor=(0.5, -0.08 * 12 / height), fontsize=7, ncol=len(used), frameon=False,
         )
         fig.tight_layout()
         buffer = io.BytesIO()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from megatron_order import rank_order, warmup
-
 from passes.simulation.program import BWD, COMM, COMPUTE, FWD, Action, Program, SimTask, SimulationInput, SlotAnnotation
+
+from megatron_order import rank_order, warmup
 
 
 def textbook_input(pp: int, vpp: int, microbatches: int, tf: float = 1.0, tb: float = 2.0) -> SimulationInput:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from sim_builders import moe_input
 
 from passes.simulation.capacity import CapacityReport, run_iterations, summarize
 from passes.simulation.engine import DboSettings
 from passes.simulation.routing import RoutingModel, RoutingSpec
+
+from sim_builders import moe_input
 
 
 def _report() -> CapacityReport:

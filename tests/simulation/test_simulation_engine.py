@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from megatron_order import rank_order
-from sim_builders import moe_input, moe_program, textbook_input
 
 from passes.simulation.engine import LANES, DboSettings, simulate
 from passes.simulation.program import COMPUTE, FWD, Action, Program, SimTask, SimulationInput, SimulationInputError
+
+from megatron_order import rank_order
+from sim_builders import moe_input, moe_program, textbook_input
 
 
 @pytest.mark.parametrize("pp,m", [(2, 4), (4, 8), (4, 16), (8, 32), (8, 64), (16, 64)])

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from sim_builders import moe_program
 
 from passes.simulation.program import BWD, COMM, COMPUTE, FWD, Program, SimTask
-from passes.simulation.slots import annotate, find_slots, static_timeline, tail_tasks
+from passes.simulation.slots import annotate, critical_movable, find_slots, static_timeline
+
+from sim_builders import moe_program
 
 
 def test_static_timeline_follows_streams_and_dependencies() -> None:
@@ -41,7 +42,7 @@ def test_gemm_work_behind_an_all_to_all_counts_in_the_slot() -> None:
     assert prog.routed_layers[slots["l1.mixer.dgrad"].routed] == (BWD, 1)
 
 
-def test_only_tail_weight_gradients_are_deferrable() -> None:
+def test_only_weight_gradients_on_the_critical_path_are_deferrable() -> None:
     tasks = (
         SimTask("g", COMPUTE, 10.0, side=BWD),
         SimTask("a2a", COMM, 30.0, (0,), side=BWD),
@@ -49,9 +50,24 @@ def test_only_tail_weight_gradients_are_deferrable() -> None:
         SimTask("h", COMPUTE, 10.0, (1,), side=BWD),
         SimTask("w_tail", COMPUTE, 10.0, (3,), kind="wgrad", side=BWD),
     )
-    assert tail_tasks(tasks, {2, 4}) == {4}
+    assert critical_movable(tasks, {2, 4}) == {4}
     annotated = annotate(Program("x", tasks))
     assert [t.name for t in annotated.tasks if t.deferrable] == ["w_tail"]
     # h waits for the All-to-All: 20 µs after the gap-filling weight gradient ends; routing does not scale it.
     [slot] = annotated.slots
     assert (annotated.tasks[slot.task].name, slot.base_us, slot.a2a_us, slot.routed) == ("h", 20.0, 0.0, -1)
+
+
+def test_in_a_compute_bound_step_weight_gradients_are_deferred_until_the_all_to_all_binds() -> None:
+    tasks = (
+        SimTask("g", COMPUTE, 10.0, side=BWD),
+        SimTask("a2a", COMM, 25.0, (0,), side=BWD),
+        SimTask("w1", COMPUTE, 10.0, (0,), kind="wgrad", side=BWD),
+        SimTask("w2", COMPUTE, 10.0, (0,), kind="wgrad", side=BWD),
+        SimTask("w3", COMPUTE, 10.0, (0,), kind="wgrad", side=BWD),
+        SimTask("h", COMPUTE, 5.0, (1,), side=BWD),
+    )
+    # Compute runs to 45 µs; the All-to-All ends at 35 and h needs it: without w3 the step takes 40,
+    # without w2 too it takes 40 still (h waits for the All-to-All), so only w3 goes.
+    assert static_timeline(tasks).makespan == 45.0
+    assert critical_movable(tasks, {2, 3, 4}) == {4}

@@ -6,10 +6,11 @@ import json
 
 import numpy as np
 import pytest
-from sim_builders import moe_input
 
 from passes.simulation.engine import LANES, DboSettings, simulate
 from passes.simulation.trace import timeline_png, trace_json
+
+from sim_builders import moe_input
 
 
 def _result(record: bool = True):  # noqa: ANN202
