@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast lint bench clean
+.PHONY: setup demo test test-fast lint sanitize bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,7 +13,12 @@ $(STAMP): pyproject.toml
 	# torch first and pinned, so the wide range in pyproject.toml is already satisfied
 	# by the CPU build rather than pulling a multi-gigabyte CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[hf,dev]'
+	# The C++ runtime's build tools stay in the venv, so the editable install can
+	# rebuild runtime._core on import after a change to runtime/csrc.
+	$(BIN)/pip install --quiet 'scikit-build-core>=0.10' 'pybind11>=2.11'
+	command -v cmake >/dev/null 2>&1 || $(BIN)/pip install --quiet 'cmake>=3.18'
+	command -v ninja >/dev/null 2>&1 || $(BIN)/pip install --quiet ninja
+	$(BIN)/pip install --quiet --no-build-isolation -e '.[hf,dev]'
 	@command -v dot >/dev/null 2>&1 || { \
 	  echo "installing graphviz (dot) with apt-get"; \
 	  (apt-get update -qq && apt-get install -y -qq graphviz) >/dev/null 2>&1 || \
@@ -31,6 +36,22 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/pytest -q
+	$(MAKE) --no-print-directory sanitize
+
+# The C++ runtime built with AddressSanitizer and UndefinedBehaviorSanitizer: its
+# native self-test (threads included) on generated plans, then the Python runtime
+# tests against the sanitized extension.
+SANITIZE_DIR := build/sanitize
+sanitize: $(STAMP)
+	cmake -S . -B $(SANITIZE_DIR) -G Ninja -DTESSERA_SANITIZE=ON -DPython_EXECUTABLE=$(abspath $(BIN)/python) \
+	  -Dpybind11_DIR=$$($(BIN)/python -m pybind11 --cmakedir) >/dev/null
+	cmake --build $(SANITIZE_DIR)
+	$(BIN)/python tests/program_gen.py $(SANITIZE_DIR)/plans
+	$(SANITIZE_DIR)/runtime_selftest $(SANITIZE_DIR)/plans/*.tsb
+	# libstdc++ is preloaded beside libasan so its exception interceptors resolve in python.
+	ASAN_OPTIONS=detect_leaks=0 LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-name=libstdc++.so)" \
+	  TESSERA_RUNTIME_EXTENSION=$$(ls $(abspath $(SANITIZE_DIR))/_core*.so) \
+	  $(BIN)/pytest -q -p no:cacheprovider tests/runtime --ignore=tests/runtime/test_pair_executor.py
 
 test-fast: $(STAMP)
 	$(BIN)/pytest -q -m "not slow"
@@ -45,6 +66,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_pair_schedule.py
 	$(BIN)/python bench/bench_partition.py
 	$(BIN)/python bench/bench_cost_model.py
+	$(BIN)/python bench/bench_runtime.py
 
 clean:
 	rm -rf $(VENV) out build *.egg-info

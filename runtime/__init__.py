@@ -1,0 +1,87 @@
+"""The Tessera runtime: load a plan (.tsb) and step one rank through it.
+
+A trainer embeds this package alone: it imports nothing of the compiler, and
+torch only in the executor (``runtime.pair_executor``).
+
+    program = runtime.load_plan("plan.tsb", rank=pp_rank, signature=expected)
+    fsm = runtime.FSM(program)
+    while (action := fsm.advance()).kind != runtime.ActionKind.DONE:
+        ...  # issue the work the action names, then fsm.complete(action.id)
+
+``load_plan`` and ``FSM`` are the C++ interpreter (``runtime._core``);
+``runtime.reference`` is the same semantics in pure Python.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+from runtime.bytecode import FORMAT_VERSION, Collective, Group, Op, Payload, Stream
+from runtime.errors import REASONS, PlanError
+from runtime.reference import COUNTER_NAMES, ActionKind
+
+
+def _load_core() -> ModuleType:
+    # TESSERA_RUNTIME_EXTENSION names another build of the extension (the sanitizer
+    # build `make test` runs the runtime tests against); normally the package's own.
+    override = os.environ.get("TESSERA_RUNTIME_EXTENSION")
+    if not override:
+        from runtime import _core
+
+        return _core
+    spec = importlib.util.spec_from_file_location("runtime._core", override)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"TESSERA_RUNTIME_EXTENSION={override} is not a loadable extension module")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_core = _load_core()
+if TYPE_CHECKING:
+    from runtime._core import FSM, Action, Program
+else:
+    FSM = _core.FSM
+    Program = _core.Program
+    Action = _core.Action
+
+
+def load_plan(source: str | os.PathLike[str] | bytes | bytearray | memoryview, rank: int, signature: bytes | None = None) -> Program:
+    """The program of pipeline rank ``rank`` from a plan file or its bytes.
+
+    ``signature`` is the plan signature of the model being trained (see
+    docs/bytecode.md); a plan compiled for anything else is refused. Every
+    refusal raises ``PlanError`` whose ``reason`` names the problem.
+    """
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        data = bytes(source)
+    else:
+        path = Path(source)
+        try:
+            data = path.read_bytes()
+        except OSError as err:
+            raise PlanError(f"cannot read plan '{path}': {err.strerror}", "unreadable") from None
+    program: Program = _core.load_program(data, rank, signature)
+    return program
+
+
+__all__ = [
+    "COUNTER_NAMES",
+    "FORMAT_VERSION",
+    "REASONS",
+    "Action",
+    "ActionKind",
+    "Collective",
+    "FSM",
+    "Group",
+    "Op",
+    "Payload",
+    "PlanError",
+    "Program",
+    "Stream",
+    "load_plan",
+]

@@ -1,4 +1,4 @@
-"""Command-line drivers: ``tessera-compile``, ``tessera-opt`` and ``tessera-viz``.
+"""Command-line drivers: ``tessera-compile``, ``tessera-opt``, ``tessera-viz`` and ``tessera-dis``.
 
 Every user-facing failure is a ``TesseraError``: it is printed as one line
 (``tessera-compile: error: ...``) with exit status 1 and no traceback unless
@@ -18,6 +18,7 @@ from pathlib import Path
 
 from passes.manager import PASS_REGISTRY, ModulePass, get_pass_class
 from passes.simulation.routing import DEFAULT_ZIPF_S, ROUTING_KINDS, RoutingSpec
+from runtime.errors import PlanError
 from tessera_ir.errors import TesseraError
 from tessera_ir.model import Module
 from tessera_ir.printer import print_module
@@ -41,7 +42,7 @@ def _run_tool(tool: str, argv: Sequence[str] | None, body: Callable[[argparse.Na
     args = parser.parse_args(argv)
     try:
         return body(args)
-    except TesseraError as err:
+    except (TesseraError, PlanError) as err:
         if args.debug:
             raise
         print(f"{tool}: error: {err}", file=sys.stderr)
@@ -293,6 +294,49 @@ def _opt(args: argparse.Namespace) -> int:
 
 def opt_main(argv: Sequence[str] | None = None) -> int:
     return _run_tool("tessera-opt", argv, _opt, _opt_parser())
+
+
+# ---------------------------------------------------------------- tessera-dis
+
+
+def _dis_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tessera-dis",
+        description="Print a plan's bytecode (.tsb) as text, or assemble that text back into the identical bytes.",
+    )
+    p.add_argument("input", help="a .tsb plan (or, with --assemble, its text form; '-' for stdin)")
+    p.add_argument("-o", "--output", default="-", help="output file (default: stdout)")
+    p.add_argument("--assemble", action="store_true", help="read the text form and write the bytecode")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    return p
+
+
+def _dis(args: argparse.Namespace) -> int:
+    from codegen.disassembler import assemble, disassemble
+    from tessera.io import write_atomic
+
+    if args.input == "-":
+        raw = sys.stdin.buffer.read()
+    else:
+        path = Path(args.input)
+        if not path.is_file():
+            raise TesseraError(f"input file '{args.input}' does not exist")
+        raw = path.read_bytes()
+    if args.assemble:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise TesseraError(f"{args.input}: the text form is not UTF-8 (is it a .tsb? drop --assemble)") from None
+        if args.output == "-" and sys.stdout.isatty():
+            raise TesseraError("refusing to write bytecode to a terminal; give -o plan.tsb")
+        write_atomic(args.output, assemble(text))
+    else:
+        write_atomic(args.output, disassemble(raw))
+    return 0
+
+
+def dis_main(argv: Sequence[str] | None = None) -> int:
+    return _run_tool("tessera-dis", argv, _dis, _dis_parser())
 
 
 def viz_main(argv: Sequence[str] | None = None) -> int:
