@@ -11,7 +11,7 @@ from tessera.io import write_atomic
 from tessera_ir import Module, print_module
 
 # The planning pipeline `tessera-compile` runs after capture, in the order of
-# DESIGN.md (dbo-slots and pipeline come later).
+# DESIGN.md (the per-rank programs come later).
 DEFAULT_PIPELINE = "candidates,overlap-schedule,profile,partition,dbo-slots"
 
 
@@ -60,3 +60,18 @@ def report(module: Module) -> str:
     from tessera.report import render_report
 
     return render_report(module)
+
+
+def capacity(
+    module: Module, routing: str = "balanced", iterations: int = 10, dp: int | None = None, **routing_options: Any
+) -> Any:
+    """Simulate a planned module's training iterations, with and without the DBO.
+
+    Returns a :class:`passes.simulation.capacity.CapacityReport` (``.render()`` for text,
+    ``.to_json()``); ``routing`` is balanced, zipf, drift or trace, ``routing_options`` the
+    :class:`passes.simulation.routing.RoutingSpec` fields (``zipf_s``, ``drift``, ``trace``, ``seed``).
+    """
+    from passes.simulation.capacity import plan_capacity
+    from passes.simulation.routing import RoutingSpec
+
+    return plan_capacity(module, RoutingSpec(routing, **routing_options), iterations=iterations, dp=dp).report

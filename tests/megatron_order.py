@@ -7,10 +7,12 @@ written without reference to Tessera's schedule module so that the two can be co
 Megatron-Core's construction (``megatron/core/pipeline_parallel/schedules.py``):
 
 - Virtual micro-batch ``k`` of a rank maps to ``(micro-batch, chunk)`` by a table built group
-  by group: micro-batches are taken in groups of ``group = pp`` (the default
-  ``microbatch_group_size_per_vp_stage``); for each group, every chunk runs the whole group
-  before the next chunk does. The last group holds the micro-batches that remain, so counts not
-  divisible by ``pp`` make the last group shorter.
+  by group: micro-batches are taken in groups of ``group`` (``microbatch_group_size_per_vp_stage``,
+  ``pp`` by default); for each group, every chunk runs the whole group before the next chunk
+  does. The last group holds the micro-batches that remain. Megatron-Core accepts a group size
+  in ``[pp, microbatches]`` whose remainder is 0 or at least ``pp`` (a shorter last group would
+  stall the pipeline), so a micro-batch count ``pp`` does not divide needs a larger group
+  (pp = 4, 10 micro-batches: groups of 5, or of 6 and 4).
 - The ``k``-th forward runs table entry ``k``; the ``k``-th backward runs the same micro-batch
   on chunk ``vpp - 1 - chunk`` (backwards visit chunks last to first).
 - Warm-up forwards on rank ``r``: ``pp - r - 1`` without interleaving; with it,
@@ -21,6 +23,12 @@ Megatron-Core's construction (``megatron/core/pipeline_parallel/schedules.py``):
 """
 
 from __future__ import annotations
+
+
+def valid_group(pp: int, microbatches: int, group: int) -> bool:
+    """Whether Megatron-Core runs the interleaved schedule with this micro-batch group size."""
+    remainder = microbatches % group
+    return pp <= group <= microbatches and (remainder == 0 or remainder >= pp)
 
 
 def schedule_table(microbatches: int, vpp: int, group: int) -> list[tuple[int, int]]:
@@ -35,22 +43,24 @@ def schedule_table(microbatches: int, vpp: int, group: int) -> list[tuple[int, i
     return table
 
 
-def warmup(pp: int, vpp: int, microbatches: int, rank: int, combined: bool = False) -> int:
+def warmup(pp: int, vpp: int, microbatches: int, rank: int, combined: bool = False, group: int | None = None) -> int:
     total = microbatches * vpp
     if pp == 1:
         count = 0
     elif vpp == 1:
         count = pp - rank - 1
     else:
-        count = 2 * (pp - rank - 1) + (vpp - 1) * pp + (1 if combined else 0)
+        count = 2 * (pp - rank - 1) + (vpp - 1) * (group or pp) + (1 if combined else 0)
     return min(count, total)
 
 
-def rank_order(pp: int, vpp: int, microbatches: int, rank: int, combined: bool = False) -> list[tuple[str, int, int]]:
+def rank_order(
+    pp: int, vpp: int, microbatches: int, rank: int, combined: bool = False, group: int | None = None
+) -> list[tuple[str, int, int]]:
     """The rank's items in order: ``("F" | "B", virtual stage, micro-batch)``."""
-    table = schedule_table(microbatches, vpp, pp)
+    table = schedule_table(microbatches, vpp, group or pp)
     total = microbatches * vpp
-    warm = warmup(pp, vpp, microbatches, rank, combined)
+    warm = warmup(pp, vpp, microbatches, rank, combined, group)
 
     def fwd(k: int) -> tuple[str, int, int]:
         mb, chunk = table[k]
@@ -68,9 +78,11 @@ def rank_order(pp: int, vpp: int, microbatches: int, rank: int, combined: bool =
     return items
 
 
-def steady_pairs(pp: int, vpp: int, microbatches: int, rank: int, combined: bool = False) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+def steady_pairs(
+    pp: int, vpp: int, microbatches: int, rank: int, combined: bool = False, group: int | None = None
+) -> list[tuple[tuple[int, int], tuple[int, int]]]:
     """The (forward (stage, mb), backward (stage, mb)) of each steady-state step of the rank."""
-    items = rank_order(pp, vpp, microbatches, rank, combined)
-    warm = warmup(pp, vpp, microbatches, rank, combined)
+    items = rank_order(pp, vpp, microbatches, rank, combined, group)
+    warm = warmup(pp, vpp, microbatches, rank, combined, group)
     steady = items[warm : warm + 2 * (microbatches * vpp - warm)]
     return [((f[1], f[2]), (b[1], b[2])) for f, b in zip(steady[0::2], steady[1::2])]
