@@ -34,6 +34,10 @@ import time
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tessera_ir.model import PlanOp
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -49,9 +53,9 @@ def pct(values: list[float], q: float) -> float:
     return v[lo] + (v[hi] - v[lo]) * (pos - lo)
 
 
-def add_pairs(module, prefix: str) -> list[tuple[str, object]]:  # noqa: ANN001
+def add_pairs(module, prefix: str) -> list[tuple[str, PlanOp]]:  # noqa: ANN001
     """Pairs for every forward x backward combination of layer kinds, 1 and 2 layers per chunk."""
-    from tessera_ir.model import PlanOp, SymbolRef
+    from tessera_ir.model import SymbolRef
 
     by_kind: dict[str, list[str]] = {}
     for layer in module.decoder_layers():
@@ -91,7 +95,7 @@ def main() -> int:
     repeats = args.repeats or (3 if args.quick else 7)
 
     import frontend
-    from passes.calibrate_cpu import cpu_hardware
+    from passes.costs.calibrate_cpu import cpu_hardware
     from passes.manager import PassManager, parse_pipeline
 
     t0 = time.perf_counter()
@@ -106,6 +110,7 @@ def main() -> int:
     hw = cpu_hardware(cache_dir, quick=args.quick, statistic=args.statistic)
     t_cal = time.perf_counter() - t0
     cont = hw.extra.get("contention", {})
+    assert isinstance(cont, dict)
     print(
         f"calibrated: fp32 {hw.peak_tflops['fp32'] * 1e3:.0f} GFLOP/s, task overhead {hw.kernel_launch_us:.0f} µs, "
         f"copy {hw.hbm_gbps:.1f} GB/s, a2a {hw.a2a_latency_us:.0f} µs + {hw.a2a_gbps(2):.2f} GB/s, "
@@ -126,8 +131,8 @@ def main() -> int:
         # pair is executed again; a burst of other work on the machine then only spoils
         # one round's reading.
         per_round: list[dict[str, dict]] = []
-        for r in range(args.rounds):
-            round_dir = Path(cache_dir) / f"round{r}"
+        for round_no in range(args.rounds):
+            round_dir = Path(cache_dir) / f"round{round_no}"
             if not (round_dir / "hardware").is_dir():
                 shutil.copytree(Path(cache_dir) / "hardware", round_dir / "hardware")
             pipeline = (

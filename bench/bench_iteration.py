@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
 from passes.manager import PassManager, parse_pipeline  # noqa: E402
+from passes.plan_view import PlanView  # noqa: E402
 from passes.simulation.build import BuildOptions, SimulationBuilder, balanced_ranges, even_ranges  # noqa: E402
 from passes.simulation.capacity import RunSummary, run_iterations, summarize  # noqa: E402
 from passes.simulation.routing import DEFAULT_ZIPF_S, RoutingSpec  # noqa: E402
@@ -102,16 +103,17 @@ def run_workload(name: str, settings: dict, args: argparse.Namespace) -> list[di
     start = time.perf_counter()
     module, note = plan_module(name, overrides, dp, Path(args.plans) if args.plans else None)
     plan_s = time.perf_counter() - start
+    view = PlanView(module)
     builders = {
-        "megatron": SimulationBuilder(module, BuildOptions(method="fixed-template", dp=dp)),
-        "balanced": SimulationBuilder(module, BuildOptions(method="fixed-template", dp=dp)),
-        "tessera": SimulationBuilder(module, BuildOptions(dp=dp)),
-        "tessera+dbo": SimulationBuilder(module, BuildOptions(dp=dp, dbo=True)),
+        "megatron": SimulationBuilder(view, BuildOptions(method="fixed-template", dp=dp)),
+        "balanced": SimulationBuilder(view, BuildOptions(method="fixed-template", dp=dp)),
+        "tessera": SimulationBuilder(view, BuildOptions(dp=dp)),
+        "tessera+dbo": SimulationBuilder(view, BuildOptions(dp=dp, dbo=True)),
     }
     mb = builders["megatron"]
     ranges = {
         "megatron": even_ranges(module, mb.parallel.virtual_stages),
-        "balanced": balanced_ranges(module, mb.hw, mb.parallel),
+        "balanced": balanced_ranges(mb.view),
         "tessera": None,
         "tessera+dbo": None,
     }

@@ -7,7 +7,7 @@ chunk) plus seeded random heterogeneous DAGs. Task shapes, FLOPs and bytes come
 from ``frontend.capture`` of the shipped workload configs (``--source
 frontend``, the default when the frontend is installed) or from this file's own
 formulas (``--source formulas``, ``size_task``; they agree with the frontend
-within a few percent); ``passes.cost_model.task_duration_us`` turns them into
+within a few percent); ``passes.costs.durations.task_duration_us`` turns them into
 durations.
 
 For every pair: the lower bound, the gap-fit makespan and solve time, the
@@ -34,13 +34,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from passes import pair_schedulers  # noqa: E402
-from passes.cost_model import load_hardware, task_duration_us  # noqa: E402
-from passes.exact_schedule import exact  # noqa: E402
-from passes.pair_dag import PairDAG, build_pair_dag  # noqa: E402
-from passes.schedule_check import check_pair_schedule  # noqa: E402
+from passes.costs.durations import task_duration_us  # noqa: E402
+from passes.costs.hardware import load_hardware  # noqa: E402
+from passes.scheduling.baselines import fixed_template, serial  # noqa: E402
+from passes.scheduling.check import check_pair_schedule  # noqa: E402
+from passes.scheduling.exact import exact  # noqa: E402
+from passes.scheduling.gap_fit import gap_fit  # noqa: E402
+from passes.scheduling.pair_dag import PairDAG, build_pair_dag  # noqa: E402
 from tessera_ir.kinds import Phase, TaskOp  # noqa: E402
-from tessera_ir.model import Layer, Module  # noqa: E402
+from tessera_ir.model import Layer, Module, Task  # noqa: E402
 from tessera_ir.parallel import ParallelConfig  # noqa: E402
 
 from synthetic_ir import synthetic_module  # noqa: E402
@@ -232,7 +234,10 @@ def random_cases(count: int, seed: int) -> list[Case]:
         noise = {t.name: rng.lognormvariate(0.0, 0.35) for t in module.tasks()}
         decoder = module.decoder_layers()
         fl, bl = decoder[:nf], decoder[nf:]
-        dag = build_pair_dag(fl, bl, lambda t, p=parallel, z=noise: task_duration_us(t, hw, p) * z[t.name], f"random{k}")
+        def noisy(t: Task, p: ParallelConfig = parallel, z: dict[str, float] = noise) -> float:
+            return task_duration_us(t, hw, p) * z[t.name]
+
+        dag = build_pair_dag(fl, bl, noisy, f"random{k}")
         cases.append(Case("random", chunk_label(fl), chunk_label(bl), dag))
     return cases
 
@@ -240,9 +245,9 @@ def random_cases(count: int, seed: int) -> list[Case]:
 def run_heuristics(case: Case) -> dict:
     """Gap-fit and both baselines on one pair (all checked by z3)."""
     dag = case.dag
-    heur = pair_schedulers.gap_fit(dag)
-    ser = pair_schedulers.serial(dag)
-    tmpl = pair_schedulers.fixed_template(dag)
+    heur = gap_fit(dag)
+    ser = serial(dag)
+    tmpl = fixed_template(dag)
     for sched in (heur, ser, tmpl):
         check_pair_schedule(sched)
     return {

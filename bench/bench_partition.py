@@ -41,20 +41,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from passes.candidates import serially_balanced, stage_layers  # noqa: E402
-from passes.cost_model import load_hardware, task_duration_us  # noqa: E402
-from passes.memory_model import MemoryAssumptions  # noqa: E402
-from passes.pair_dag import build_pair_dag  # noqa: E402
-from passes.partition import (  # noqa: E402
-    PartitionError,
-    build_memory_spec,
-    global_problem,
-    megatron_layout,
-    prune,
-    solve,
-    solve_global,
-)
-from passes.partition_dp import PartitionProblem, meeting_stages, solve_dp, window_candidates  # noqa: E402
+from passes.costs.durations import task_duration_us  # noqa: E402
+from passes.costs.hardware import load_hardware  # noqa: E402
+from passes.partitioning.dp import solve_dp  # noqa: E402
+from passes.partitioning.megatron import megatron_layout  # noqa: E402
+from passes.partitioning.memory import MemoryAssumptions, build_memory_spec  # noqa: E402
+from passes.partitioning.problem import PartitionProblem  # noqa: E402
+from passes.partitioning.pruning import prune  # noqa: E402
+from passes.partitioning.ranges import PartitionError, window_candidates  # noqa: E402
+from passes.partitioning.search import global_problem, solve, solve_global  # noqa: E402
+from passes.partitioning.stages import serially_balanced, stage_layers  # noqa: E402
+from passes.pipelining.order import meeting_stages  # noqa: E402
+from passes.scheduling.pair_dag import build_pair_dag  # noqa: E402
 from tessera_ir.kinds import Phase, Resource  # noqa: E402
 from tessera_ir.model import Module  # noqa: E402
 from tessera_ir.parallel import ParallelConfig  # noqa: E402
@@ -182,7 +180,7 @@ class StandInCosts:
         return max(compute + self.slowdown * min(compute, comm), comm, pf, pb)
 
     def _gapfit(self, sf: int, rf: tuple[int, int], sb: int, rb: tuple[int, int]) -> float:
-        from passes.pair_schedulers import gap_fit
+        from passes.scheduling.gap_fit import gap_fit
 
         fwd = stage_layers(self.module, sf, self.stages, rf)
         bwd = stage_layers(self.module, sb, self.stages, rb)
@@ -207,10 +205,11 @@ def run_case(name: str, settings: dict, args: argparse.Namespace) -> dict:
     module, source = load_module(name, settings, args.source)
     capture_s = time.perf_counter() - t0
     p = ParallelConfig.from_attrs(module.attrs)
-    hw = load_hardware("h100")
+    hw = load_hardware(args.hardware)
+    module.attrs["hardware"] = args.hardware
     n = len(module.decoder_layers())
-    balanced = serially_balanced(module, hw, p)
-    costs = StandInCosts(module, p, method=args.costs if args.costs != "passes" else "standin")
+    costs = StandInCosts(module, p, args.hardware, method=args.costs if args.costs != "passes" else "standin")
+    balanced = serially_balanced(module, costs.duration, p.virtual_stages)
     memory = build_memory_spec(module, p, hw.memory_gib, MemoryAssumptions())
     meets = meeting_stages(p.pp, p.vpp, p.microbatches)
     cands = window_candidates([r[0] for r in balanced], n, args.window)
@@ -226,9 +225,9 @@ def run_case(name: str, settings: dict, args: argparse.Namespace) -> dict:
         "costs": "STAND-IN closed form" if args.costs == "standin" else args.costs,
         "capture_s": round(capture_s, 2),
     }
-    memory_note = "h100 80 GiB"
+    memory_note = f"{args.hardware} {hw.memory_gib:g} GiB"
     if not problem.memory_ok(balanced):
-        memory_note = "balanced plan exceeds 80 GiB; memory limit dropped for this row"
+        memory_note = f"balanced plan exceeds {hw.memory_gib:g} GiB; memory limit dropped for this row"
         problem.memory = None
     row["memory"] = memory_note
     if args.costs == "passes":
@@ -266,7 +265,7 @@ def run_case(name: str, settings: dict, args: argparse.Namespace) -> dict:
         row["dp_s"] = round(time.perf_counter() - t, 3)
         row["dp_agrees"] = abs(dp.bottleneck - window.bottleneck) <= 1e-6 * window.bottleneck
     if args.unpruned:
-        from passes.partition import solve_milp
+        from passes.partitioning.milp import solve_milp
 
         t = time.perf_counter()
         # The single min-max MILP on the whole window: no incumbent, no pruning, no threshold search.
@@ -361,6 +360,7 @@ def main() -> None:
     ap.add_argument("--costs", choices=["standin", "gapfit", "passes"], default="standin")
     ap.add_argument("--solver", choices=["cbc", "highs"], default="cbc")
     ap.add_argument("--window", type=int, default=2)
+    ap.add_argument("--hardware", default="h100", help="target hardware: h100, h200, cpu or a path to a JSON file")
     ap.add_argument("--time-limit", type=float, default=60.0)
     ap.add_argument("--global-time-limit", type=float, default=120.0)
     ap.add_argument("--quick", action="store_true", help="only the two MILP-speed cases")

@@ -137,7 +137,8 @@ def lower(module: Module) -> PlanImage:
         for t in layer.tasks:
             index[t.name] = len(tasks)
             stream = Stream.COMM if t.resource == Resource.COMM else Stream.COMPUTE
-            duration = float(t.attrs.get("cost_us", 1.0)) if isinstance(t.attrs.get("cost_us"), (int, float)) else 1.0
+            given = t.attrs.get("duration_us")
+            duration = float(given) if isinstance(given, (int, float)) else 1.0
             tasks.append(TaskInfo(t.name, t.kind, layer.name, stream, t.movable, duration, t.act_bytes if t.movable else 0))
             if stream == Stream.COMM:
                 slot_of[index[t.name]] = len(slots)

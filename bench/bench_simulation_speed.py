@@ -26,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
+from passes.plan_view import PlanView  # noqa: E402
 from passes.simulation.build import BuildOptions, SimulationBuilder, balanced_ranges  # noqa: E402
 from passes.simulation.capacity import run_iterations  # noqa: E402
 from passes.simulation.engine import simulate  # noqa: E402
@@ -59,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'config':12} {'build s':>8} {'tasks':>8} {'1 iteration s':>14} {'vs 2 s':>7} {f'{args.iterations} iterations s':>17} {'vs 60 s':>8}")
     for label, dbo in (("static", False), ("with DBO", True)):
         t = time.perf_counter()
-        builder = SimulationBuilder(module, BuildOptions(method="gap-fit", dbo=dbo))
-        inp = builder.build(balanced_ranges(module, builder.hw, builder.parallel))
+        builder = SimulationBuilder(PlanView(module), BuildOptions(method="gap-fit", dbo=dbo))
+        inp = builder.build(balanced_ranges(builder.view))
         settings = builder.dbo_settings(inp) if dbo else None
         build_s = time.perf_counter() - t
         routing = builder.routing(RoutingSpec("zipf"))

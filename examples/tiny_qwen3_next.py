@@ -254,7 +254,7 @@ def build_model() -> nn.Module:
 if __name__ == "__main__":
     model = build_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    ids = torch.randint(0, model.config.vocab_size, (4, 33))
+    ids = torch.randint(0, TinyConfig().vocab_size, (4, 33))
     for step in range(20):
         loss = model(ids[:, :-1], labels=ids[:, 1:])
         optimizer.zero_grad()

@@ -262,7 +262,7 @@ def capture(source: str | nn.Module, parallel: ParallelConfig | None = None, ove
     tokens = p.tokens
     hidden = stack.layers[0].input_shape[-1]
     embed_module = stack.embed
-    vocab = getattr(embed_module, "num_embeddings", None) or embed_module.weight.shape[0]
+    vocab = int(getattr(embed_module, "num_embeddings", None) or embed_module.weight.shape[0])  # type: ignore[index]
     embed_params = sum(q.numel() for q in embed_module.parameters())
 
     module = Module(_symbol(name or loaded.name))

@@ -300,6 +300,7 @@ def attention(module: nn.Module, ctx: RecognizeContext) -> Block | None:
     if head_dim is None:
         head_dim = out.in_features // heads
     kv_heads = _attr([module, config], "num_key_value_heads", "num_kv_heads") or heads
+    window: Any
     if hasattr(module, "sliding_window"):
         window = module.sliding_window  # set per layer: None on the full-attention layers of a mixed stack
     elif config is not None and getattr(config, "use_sliding_window", True) is not False:

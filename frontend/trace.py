@@ -82,7 +82,7 @@ def _view_with_forward(module: nn.Module, forward: Callable[..., Any]) -> nn.Mod
     """
     cls = type(module)
     view_cls = type(f"{cls.__name__}Traced", (cls,), {"forward": forward, "__module__": cls.__module__})
-    view = object.__new__(view_cls)
+    view: nn.Module = object.__new__(view_cls)
     view.__dict__ = module.__dict__
     return view
 
@@ -156,7 +156,7 @@ def _first_tensor_node(node: fx.Node) -> fx.Node | None:
 
 def _producer_module(node: fx.Node) -> fx.Node | None:
     """Walk back through glue (getitem, views, adds of one stream) to the call_module that made a value."""
-    seen = node
+    seen: fx.Node | None = node
     while seen is not None and seen.op != "call_module":
         if seen.op == "placeholder":
             return seen
@@ -231,7 +231,7 @@ def _run_meta(graph: fx.Graph, root: nn.Module, inputs: list[Any],
 
 def _call_on_meta(module: nn.Module, args: Any, kwargs: Any) -> Any:
     """Run a glue module on meta tensors, its weights swapped for meta stand-ins if they are real."""
-    state = dict(module.named_parameters())
+    state: dict[str, torch.Tensor] = dict(module.named_parameters())
     state.update(module.named_buffers())
     if all(t.is_meta for t in state.values()):
         return module(*args, **kwargs)
@@ -255,7 +255,7 @@ def _norm_output(module: nn.Module, node: fx.Node, args: Any, kwargs: Any, confi
 def _leaf_output(node: fx.Node, hidden: torch.Tensor) -> Any:
     """A residual block's output: hidden-shaped; a tuple when the graph indexes it."""
     if node.users and all(u.op == "call_function" and u.target is operator.getitem for u in node.users):
-        width = max(int(u.args[1]) for u in node.users) + 1
+        width = max(int(u.args[1]) for u in node.users) + 1  # type: ignore[arg-type]  # getitem's index
         return tuple([torch.empty_like(hidden)] + [None] * (width - 1))
     return torch.empty_like(hidden)
 
@@ -304,7 +304,8 @@ def capture_stack(model: nn.Module, batch: int, seq_len: int, config: Any = None
     layer_nodes = [n for n in graph.nodes if n.op == "call_module" and n.target in layer_targets]
     if not layer_nodes:
         raise CaptureError(f"{type(owner).__name__}.forward never calls the layers in '{stack_path}'")
-    first_hidden = _producer_module(layer_nodes[0].args[0] if layer_nodes[0].args else _first_tensor_node(layer_nodes[0]))
+    first_input = layer_nodes[0].args[0] if layer_nodes[0].args else _first_tensor_node(layer_nodes[0])
+    first_hidden = _producer_module(first_input) if isinstance(first_input, fx.Node) else None
     if first_hidden is None or first_hidden.op != "call_module":
         raise CaptureError(f"the input of '{prefix}{layer_nodes[0].target}' does not come from an embedding module")
     embed_target = first_hidden.target
@@ -353,7 +354,7 @@ def capture_stack(model: nn.Module, batch: int, seq_len: int, config: Any = None
                                f"Tessera plans sequential decoder stacks only")
     return StackTrace(
         embed_path=f"{prefix}{embed_target}",
-        embed=owner.get_submodule(embed_target),
+        embed=owner.get_submodule(str(embed_target)),
         layers=ordered,
         norm=owner.get_submodule(norm_target) if norm_target else None,
         norm_path=f"{prefix}{norm_target}" if norm_target else None,
@@ -397,7 +398,7 @@ def _capture_layer(trace: LayerTrace, layer: nn.Module, node: fx.Node, args: lis
         cache[signature] = graph
 
     def block_leaf(n: fx.Node, a: list[Any], kw: dict[str, Any]) -> Any:
-        module = layer.get_submodule(n.target)
+        module = layer.get_submodule(str(n.target))
         block = recognize(module, RecognizeContext(f"{trace.path}.{n.target}", config))
         if block is None or block.role == "glue":
             return NotImplemented

@@ -2,23 +2,22 @@
 
 Before (layers only)::
 
-    module @m {pp = 2, vpp = 2, ...} { layer @embed ... layer @l0 ... layer @l7 ... layer @head ... }
+    module @m {hardware = "h100", pp = 2, vpp = 2, ...} { layer @embed ... layer @l0 ... layer @l7 ... layer @head ... }
 
 After (``candidates{window=1}``)::
 
     plan candidate @cand.s0.c0 {first = 0, in_window = true, last = 1, layers = [@embed, @l0, @l1], stage = 0}
     ...
-    plan pair @pair.0 {bwd = [@l4, @l5], bwd_candidate = @cand.s2.c1, device = 0, fwd = [@embed, @l0, @l1],
-                       fwd_candidate = @cand.s0.c0}
+    plan pair @pair.0 {bwd_candidate = @cand.s2.c1, device = 0, fwd_candidate = @cand.s0.c0}
 
 How candidates are chosen:
 
-1. Serial cost of a layer = the sum of the isolated durations (``cost_model.task_duration_us``)
-   of all its tasks, forward and backward, as if nothing overlapped. The embedding's cost
+1. Serial cost of a layer = the sum of the isolated durations (``PlanView.duration``) of all
+   its tasks, forward and backward, as if nothing overlapped. The embedding's cost
    counts on the first stage, the LM head's and loss's on the last, scaled by the options
    ``embed-weight`` and ``head-weight`` (default 1: their modelled cost as is).
 2. The serially balanced partition minimises the largest serial stage cost over all
-   contiguous partitions into ``pp·vpp`` non-empty stages (``partition_dp.balanced_partition``).
+   contiguous partitions into ``pp·vpp`` non-empty stages (``partitioning.stages.serially_balanced``).
 3. Every boundary between stages may move by up to ``window`` layers either way: stage
    ``s``'s candidates are the ranges whose start lies within ``window`` of its balanced start
    and whose end lies within ``window`` of its balanced end; ranges that cannot be part of
@@ -31,61 +30,26 @@ How candidates are chosen:
    measured costs above the analytic model). Window members are marked ``in_window = true``.
 
 Pairs: for every device and every (forward stage, backward stage) combination that meets in
-interleaved 1F1B's steady state (``partition_dp.meeting_stages``), one pair per (forward
+interleaved 1F1B's steady state (``pipelining.order.meeting_stages``), one pair per (forward
 candidate, backward candidate). A stage meeting itself only needs the diagonal (a plan
-picks one candidate per stage). Pairs with identical forward and backward layer lists are
-emitted once (the first occurrence's device and candidates are kept; the partition pass looks
-costs up by layer lists).
+picks one candidate per stage). A pair stands for its layers: pairs whose forward and
+backward candidates hold the same layers as an earlier pair's are not emitted again (the
+first occurrence's device and candidates are kept; ``PlanView.pair_for`` finds it for any
+candidates holding those layers).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
-from passes.cost_model import Hardware, load_hardware, task_duration_us
-from passes.manager import ModulePass, PassError
-from passes.pair_dag import build_pair_dag
-from passes.partition_dp import Range, all_candidates, balanced_partition, meeting_stages, reachable, window_candidates
-from tessera_ir.kinds import LayerRole, Phase, Resource
-from tessera_ir.model import Layer, Module, PlanOp, SymbolRef
-from tessera_ir.parallel import ParallelConfig
-
-
-def layer_serial_costs(module: Module, hw: Hardware, parallel: ParallelConfig) -> dict[str, float]:
-    """Serial cost (µs) of every layer: its tasks' isolated durations summed, forward and backward."""
-    return {layer.name: sum(task_duration_us(t, hw, parallel) for t in layer.tasks) for layer in module.layers}
-
-
-def stage_layers(module: Module, stage: int, stages: int, rng: Range) -> list[Layer]:
-    """The layers a stage holding decoder range ``rng`` runs: + embedding on stage 0, + head on the last."""
-    decoder = module.decoder_layers()
-    layers: list[Layer] = []
-    if stage == 0:
-        layers += [layer for layer in module.layers if layer.role is LayerRole.EMBEDDING]
-    layers += decoder[rng[0] : rng[1] + 1]
-    if stage == stages - 1:
-        layers += [layer for layer in module.layers if layer.role is LayerRole.HEAD]
-    return layers
-
-
-def serially_balanced(
-    module: Module, hw: Hardware, parallel: ParallelConfig, embed_weight: float = 1.0, head_weight: float = 1.0
-) -> list[Range]:
-    """The serially balanced partition; ``embed_weight``/``head_weight`` scale the embedding's and head's cost."""
-    costs = layer_serial_costs(module, hw, parallel)
-    decoder = module.decoder_layers()
-    embed = embed_weight * sum(costs[layer.name] for layer in module.layers if layer.role is LayerRole.EMBEDDING)
-    head = head_weight * sum(costs[layer.name] for layer in module.layers if layer.role is LayerRole.HEAD)
-    return balanced_partition([costs[layer.name] for layer in decoder], parallel.virtual_stages, embed, head)
-
-
-def check_decoder_order(module: Module) -> None:
-    for i, layer in enumerate(module.decoder_layers()):
-        if layer.index != i:
-            raise PassError(
-                f"decoder layer '{layer.name}' has index {layer.index} but is decoder layer number {i} in module "
-                f"order; the partition passes need decoder layers numbered 0..N-1 in execution order"
-            )
+from passes.manager import ModulePass, PassError, option
+from passes.partitioning.ranges import Range, all_candidates, reachable, window_candidates
+from passes.partitioning.stages import check_decoder_order, serially_balanced
+from passes.plan_view import PlanView
+from passes.scheduling.pair_dag import build_pair_dag
+from tessera_ir.kinds import Phase, Resource
+from tessera_ir.model import Module, PlanOp, SymbolRef
 
 
 @dataclass(frozen=True)
@@ -93,31 +57,32 @@ class CandidatesPass(ModulePass):
     name = "candidates"
     summary = "Emit contiguous layer-range candidates per virtual stage and the forward/backward pairs that meet."
 
-    window: int = 2
-    search: str = "window"
-    hardware: str = "h100"
-    global_slack: float = 1.15
-    embed_weight: float = 1.0  # scale of the embedding's serial cost when balancing (e.g. 0: ignore it)
-    head_weight: float = 1.0  # scale of the LM head's and loss's serial cost when balancing
+    window: int = option(2, "layers each stage boundary may move either way from the serially balanced partition")
+    search: Literal["window", "global"] = option("window", "global: every range any stage could hold, pruned by a bound")
+    global_slack: float = option(1.15, "search=global keeps ranges whose pair bound is within this factor of the balanced plan's")
+    embed_weight: float = option(1.0, "scale of the embedding's serial cost when balancing (0: ignore it)")
+    head_weight: float = option(1.0, "scale of the LM head's and loss's serial cost when balancing")
 
-    def apply(self, module: Module) -> bool:
+    def check(self) -> None:
         if self.window < 0:
             raise PassError(f"candidates: window must be >= 0, got {self.window}")
-        if self.search not in ("window", "global"):
-            raise PassError(f"candidates: search must be 'window' or 'global', got '{self.search}'")
+        if self.global_slack <= 0:
+            raise PassError(f"candidates: global-slack must be positive, got {self.global_slack}")
+
+    def apply(self, module: Module) -> bool:
         if module.plan_ops("candidate") or module.plan_ops("pair"):
             raise PassError("candidates: the module already holds candidate or pair ops; run the pass once")
         check_decoder_order(module)
-        parallel = ParallelConfig.from_attrs(module.attrs)
-        hw = load_hardware(self.hardware)
+        view = PlanView(module)
+        parallel = view.parallel
         n = len(module.decoder_layers())
         stages = parallel.virtual_stages
-        balanced = serially_balanced(module, hw, parallel, self.embed_weight, self.head_weight)
+        balanced = serially_balanced(module, view.duration, stages, self.embed_weight, self.head_weight)
         windowed = window_candidates([r[0] for r in balanced], n, self.window)
-        meets = meeting_stages(parallel.pp, parallel.vpp, parallel.microbatches)
+        meets = view.meeting_stages()
         pair_bound = float("inf")
         if self.search == "global":
-            cands, pair_bound = self._global_candidates(module, hw, parallel, balanced, meets)
+            cands, pair_bound = self._global_candidates(view, balanced, meets)
             for s in range(stages):  # the window always stays searchable
                 cands[s] = sorted(set(cands[s]) | set(windowed[s]))
         else:
@@ -125,13 +90,13 @@ class CandidatesPass(ModulePass):
         in_window = [set(w) for w in windowed]
 
         names: dict[tuple[int, Range], str] = {}
-        layer_lists: dict[tuple[int, Range], list[SymbolRef]] = {}
+        chunks: dict[tuple[int, Range], tuple[str, ...]] = {}
         for s in range(stages):
             for k, rng in enumerate(cands[s]):
                 name = f"cand.s{s}.c{k}"
                 names[(s, rng)] = name
-                refs = [SymbolRef(layer.name) for layer in stage_layers(module, s, stages, rng)]
-                layer_lists[(s, rng)] = refs
+                layers = view.stage_layers(s, rng)
+                chunks[(s, rng)] = tuple(layer.name for layer in layers)
                 module.plan.append(
                     PlanOp(
                         "candidate",
@@ -140,7 +105,7 @@ class CandidatesPass(ModulePass):
                             "stage": s,
                             "first": rng[0],
                             "last": rng[1],
-                            "layers": list(refs),
+                            "layers": [SymbolRef(layer.name) for layer in layers],
                             "in_window": rng in in_window[s],
                         },
                     )
@@ -154,8 +119,8 @@ class CandidatesPass(ModulePass):
             if key not in compute_cache:
                 phases = {Phase.FWD} if side == "fwd" else {Phase.DGRAD, Phase.WGRAD}
                 compute_cache[key] = sum(
-                    task_duration_us(t, hw, parallel)
-                    for layer in stage_layers(module, stage, stages, rng)
+                    view.duration(t)
+                    for layer in view.stage_layers(stage, rng)
                     for t in layer.tasks
                     if t.phase in phases and t.resource is Resource.COMPUTE
                 )
@@ -177,8 +142,7 @@ class CandidatesPass(ModulePass):
                         and side_compute(sf, a, "fwd") + side_compute(sb, b, "bwd") > pair_bound
                     ):
                         continue
-                    fwd, bwd = layer_lists[(sf, a)], layer_lists[(sb, b)]
-                    key = (tuple(r.name for r in fwd), tuple(r.name for r in bwd))
+                    key = (chunks[(sf, a)], chunks[(sb, b)])
                     if key in seen:
                         continue
                     seen.add(key)
@@ -187,8 +151,6 @@ class CandidatesPass(ModulePass):
                             "pair",
                             f"pair.{count}",
                             {
-                                "fwd": list(fwd),
-                                "bwd": list(bwd),
                                 "fwd_candidate": SymbolRef(names[(sf, a)]),
                                 "bwd_candidate": SymbolRef(names[(sb, b)]),
                                 "device": device,
@@ -199,21 +161,13 @@ class CandidatesPass(ModulePass):
         return True
 
     def _global_candidates(
-        self,
-        module: Module,
-        hw: Hardware,
-        parallel: ParallelConfig,
-        balanced: list[Range],
-        meets: dict[int, list[tuple[int, int]]],
+        self, view: PlanView, balanced: list[Range], meets: dict[int, list[tuple[int, int]]]
     ) -> tuple[list[list[Range]], float]:
-        stages = parallel.virtual_stages
-        n = len(module.decoder_layers())
-
-        def duration(t):  # noqa: ANN001, ANN202 (a Task)
-            return task_duration_us(t, hw, parallel)
+        stages = view.parallel.virtual_stages
+        n = len(view.module.decoder_layers())
 
         def serial_pair(sf: int, a: Range, sb: int, b: Range) -> float:
-            return build_pair_dag(stage_layers(module, sf, stages, a), stage_layers(module, sb, stages, b), duration).serial_time()
+            return build_pair_dag(view.stage_layers(sf, a), view.stage_layers(sb, b), view.duration).serial_time()
 
         bound = self.global_slack * max(
             serial_pair(sf, balanced[sf], sb, balanced[sb]) for pairs in meets.values() for sf, sb in pairs
@@ -226,8 +180,8 @@ class CandidatesPass(ModulePass):
             for rng in ranges:
                 key = (s == 0, s == stages - 1, rng)
                 if key not in self_bound:
-                    layers = stage_layers(module, s, stages, rng)
-                    self_bound[key] = build_pair_dag(layers, layers, duration).lower_bound()
+                    layers = view.stage_layers(s, rng)
+                    self_bound[key] = build_pair_dag(layers, layers, view.duration).lower_bound()
                 if self_bound[key] <= bound:
                     keep.append(rng)
             out.append(keep)

@@ -37,7 +37,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from passes.manager import ModulePass, PassError
+from passes.manager import ModulePass, PassError, option
+from passes.plan_view import PlanView
 from passes.simulation.build import BuildError, BuildOptions, SimulationBuilder, dbo_budgets
 from passes.simulation.engine import simulate
 from passes.simulation.program import Program
@@ -52,19 +53,20 @@ class DboSlotsPass(ModulePass):
     name = "dbo-slots"
     summary = "Annotate the plan with DBO slots (where compute can wait) and the pool of deferrable weight gradients."
 
-    memory_budget: float = 0.03  # share of device memory the pool of deferred work may hold
-    hardware: str = ""  # default: the module's target
+    memory_budget: float = option(0.03, "share of device memory the pool of deferred weight gradients may hold")
 
-    def apply(self, module: Module) -> bool:
+    def check(self) -> None:
         if not 0.0 <= self.memory_budget <= 1.0:
             raise PassError(f"dbo-slots: memory-budget is a share of device memory in [0, 1], got {self.memory_budget}")
+
+    def apply(self, module: Module) -> bool:
         if any(op.op in OPS for op in module.plan):
             raise PassError("dbo-slots: the module already holds dbo_slot/dbo_pool ops; run the pass once")
         if not module.plan_ops("partition"):
             raise PassError("dbo-slots: the module holds no partition; run the planning passes (… ,partition) first")
-        options = BuildOptions(dbo=True, hardware=self.hardware or None, dbo_memory_fraction=self.memory_budget)
+        options = BuildOptions(dbo=True, dbo_memory_fraction=self.memory_budget)
         try:
-            builder = SimulationBuilder(module, options)
+            builder = SimulationBuilder(PlanView(module), options)
             inp = builder.build()
             budgets = dbo_budgets(simulate(inp), builder.hw.memory_bytes, self.memory_budget)
         except (BuildError, TesseraError) as err:

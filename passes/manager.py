@@ -1,34 +1,70 @@
-"""Pass infrastructure: the pass base class, the registry, pipeline parsing and the pass manager.
+"""Pass infrastructure: the pass base class, typed options, the registry, pipeline parsing, the manager.
 
-A pass is a frozen dataclass whose fields are its options; ``name`` is its
-kebab-case command-line name. A pipeline is spelled ``a,b{opt=v other=w}``.
-The manager verifies the module after every pass and, on failure, names the
-pass that failed and the ones that ran before it.
+A pass is a frozen dataclass whose fields are its options; ``name`` is its kebab-case
+command-line name. Option types say what a value may be: ``bool``, ``int``, ``float``,
+``str``, ``Literal[...]`` for a fixed set of choices, a union of those (``float |
+Literal["auto"]``), and ``... | None`` for an option that may be left unset (its default
+is then None, never a magic 0 or ""). Declare an option with ``option(default, help)``.
+
+A pipeline is spelled ``a,b{opt=v other=w},c`` (options separated by spaces or commas;
+a value with spaces or braces in double quotes). It is parsed by a small grammar
+(``PIPELINE_GRAMMAR``, lark) and every option is converted and checked against its type
+when the pipeline is parsed, before any pass runs.
+
+The manager verifies the module after every pass that changed it and, on failure, names
+the pass that failed and the ones that ran before it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import importlib
 import time
+import types
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, get_type_hints
+from functools import cache
+from typing import Any, ClassVar, Literal, Union, get_args, get_origin, get_type_hints
 
 from tessera_ir.errors import TesseraError
 from tessera_ir.model import Module
 
 
 class PassError(TesseraError):
-    """A pass could not run, or left an invalid module."""
+    """A pass could not run, or left an invalid module, or a pipeline that cannot be built."""
+
+
+def option(default: Any, help: str) -> Any:  # noqa: A002 (the word every CLI uses)
+    """A pass option: its default and a one-line help text (``tessera-opt --list-passes`` shows both)."""
+    return field(default=default, metadata={"help": help})
 
 
 class ModulePass(ABC):
-    """Base class of every pass. Subclasses are frozen dataclasses; their fields are options."""
+    """Base class of every pass. Subclasses are frozen dataclasses; their fields are options.
+
+    Option values are checked against their types on construction; a subclass with further
+    rules (ranges, combinations) checks them in ``check()``, raising ``PassError``.
+    """
 
     name: ClassVar[str]
     summary: ClassVar[str]
+
+    def __post_init__(self) -> None:
+        hints = _option_types(type(self))
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if not _conforms(value, hints[f.name]):
+                raise PassError(
+                    f"option '{_spell(f.name)}' of pass '{self.name}' is {value!r}; it takes {type_text(hints[f.name])}"
+                )
+        self.check()
+
+    def check(self) -> None:  # noqa: B027 (optional hook: most passes have no further rules)
+        """Further rules on the options (called on construction); raise ``PassError``."""
 
     @abstractmethod
     def apply(self, module: Module) -> bool:
@@ -40,24 +76,30 @@ class ModulePass(ABC):
         for f in dataclasses.fields(self):  # type: ignore[arg-type]
             value = getattr(self, f.name)
             if value != f.default:
-                text = str(value).lower() if isinstance(value, bool) else str(value)
-                opts.append(f"{f.name.replace('_', '-')}={text}")
+                opts.append(f"{_spell(f.name)}={_value_text(value)}")
         return self.name + ("{" + " ".join(opts) + "}" if opts else "")
+
+
+def _spell(field_name: str) -> str:
+    return field_name.replace("_", "-")
+
+
+def _value_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    text = str(value)
+    return f'"{text}"' if any(c.isspace() or c in ',{}="' for c in text) else text
 
 
 # name -> "module:Class". Lazy, so that listing passes imports no solver.
 PASS_REGISTRY: dict[str, str] = {
     "verify": "passes.verify_pass:VerifyPass",
+    "candidates": "passes.candidates:CandidatesPass",
     "overlap-schedule": "passes.overlap_schedule:OverlapSchedulePass",
     "profile": "passes.profile:ProfilePass",
-    "candidates": "passes.candidates:CandidatesPass",
     "partition": "passes.partition:PartitionPass",
     "dbo-slots": "passes.dbo_slots:DboSlotsPass",
 }
-
-
-def register_pass(name: str, target: str) -> None:
-    PASS_REGISTRY[name] = target
 
 
 def get_pass_class(name: str) -> type[ModulePass]:
@@ -70,66 +112,188 @@ def get_pass_class(name: str) -> type[ModulePass]:
     return cls
 
 
-def _convert_option(pass_name: str, option: str, text: str, typ: Any) -> Any:
-    try:
-        if typ is bool:
-            if text.lower() in ("true", "1", "yes", "on"):
-                return True
-            if text.lower() in ("false", "0", "no", "off"):
-                return False
-            raise ValueError(text)
-        if typ in (int, float, str):
-            return typ(text)
-    except ValueError:
-        raise PassError(
-            f"option '{option}' of pass '{pass_name}' expects {getattr(typ, '__name__', typ)}, got '{text}'"
-        ) from None
-    # Optional/other annotated types: pass the text through.
-    return text
+# ---------------------------------------------------------------------------- option types
+
+
+@cache
+def _option_types(cls: type) -> dict[str, Any]:
+    return get_type_hints(cls)
+
+
+def _union_members(typ: Any) -> tuple[Any, ...] | None:
+    if get_origin(typ) in (Union, types.UnionType):
+        return get_args(typ)
+    return None
+
+
+def _conforms(value: Any, typ: Any) -> bool:
+    members = _union_members(typ)
+    if members is not None:
+        return any(_conforms(value, m) for m in members)
+    if typ is type(None):
+        return value is None
+    if get_origin(typ) is Literal:
+        return value in get_args(typ)
+    if typ is bool:
+        return isinstance(value, bool)
+    if typ is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if typ is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if typ is str:
+        return isinstance(value, str)
+    return True  # a type this checker does not know: trust the pass
+
+
+def type_text(typ: Any) -> str:
+    """How an option's type reads: ``int``, ``window|global``, ``float or auto``, ``float (optional)``."""
+    members = _union_members(typ)
+    if members is not None:
+        shown = [type_text(m) for m in members if m is not type(None)]
+        text = " or ".join(shown)
+        return f"{text} (optional)" if type(None) in members else text
+    if get_origin(typ) is Literal:
+        return "|".join(str(a) for a in get_args(typ))
+    return getattr(typ, "__name__", str(typ))
+
+
+def _convert(text: str, typ: Any) -> Any:
+    """``text`` as a value of ``typ``; ValueError when it is none."""
+    members = _union_members(typ)
+    if members is not None:
+        # Fixed choices first, so that "auto" in `float | Literal["auto"]` is the choice.
+        ordered = sorted((m for m in members if m is not type(None)), key=lambda m: get_origin(m) is not Literal)
+        for m in ordered:
+            try:
+                return _convert(text, m)
+            except ValueError:
+                continue
+        raise ValueError(text)
+    if get_origin(typ) is Literal:
+        for choice in get_args(typ):
+            if text == str(choice):
+                return choice
+        raise ValueError(text)
+    if typ is bool:
+        if text.lower() in ("true", "1", "yes", "on"):
+            return True
+        if text.lower() in ("false", "0", "no", "off"):
+            return False
+        raise ValueError(text)
+    if typ in (int, float, str):
+        return typ(text)
+    raise ValueError(text)
+
+
+@dataclass(frozen=True)
+class OptionInfo:
+    """One option as ``--list-passes`` shows it."""
+
+    name: str  # as spelled on the command line
+    type: str
+    default: str
+    help: str
+
+
+def describe_options(cls: type[ModulePass]) -> list[OptionInfo]:
+    hints = _option_types(cls)
+    return [
+        OptionInfo(
+            _spell(f.name), type_text(hints[f.name]), "unset" if f.default is None else _value_text(f.default),
+            f.metadata.get("help", ""),
+        )
+        for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+    ]
 
 
 def instantiate_pass(name: str, options: dict[str, str]) -> ModulePass:
+    """The pass ``name`` with options given as text, each converted to its option's type."""
     cls = get_pass_class(name)
-    hints = get_type_hints(cls)
+    hints = _option_types(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     kwargs = {}
     for raw_key, text in options.items():
         key = raw_key.replace("-", "_")
         if key not in fields:
-            known = ", ".join(k.replace("_", "-") for k in fields) or "none"
+            known = ", ".join(_spell(k) for k in fields) or "none"
             raise PassError(f"pass '{name}' has no option '{raw_key}'; its options: {known}")
-        kwargs[key] = _convert_option(name, raw_key, text, hints.get(key, str))
+        try:
+            kwargs[key] = _convert(text, hints[key])
+        except ValueError:
+            raise PassError(
+                f"option '{_spell(key)}' of pass '{name}' takes {type_text(hints[key])}, got '{text}'"
+            ) from None
     return cls(**kwargs)
 
 
+# ---------------------------------------------------------------------------- pipeline text
+
+PIPELINE_GRAMMAR = r"""
+    pipeline: pass_spec ("," pass_spec)*
+    pass_spec: NAME options?
+    options: "{" (option (","? option)*)? "}"
+    option: KEY "=" (WORD | STRING)
+
+    NAME: /[A-Za-z][A-Za-z0-9_-]*/
+    KEY: /[A-Za-z_][A-Za-z0-9_-]*/
+    WORD: /[^\s,{}="]+/
+    STRING: /"[^"]*"/
+
+    %import common.WS
+    %ignore WS
+"""
+
+_EXPECTED_WORDS = {
+    "NAME": "a pass name", "KEY": "an option name", "WORD": "a value", "STRING": "a value", "COMMA": "','",
+    "LBRACE": "'{'", "RBRACE": "'}'", "EQUAL": "'='", "$END": "the end",
+}
+
+
+@cache
+def _pipeline_parser() -> Any:
+    from lark import Lark
+
+    return Lark(PIPELINE_GRAMMAR, start="pipeline", parser="lalr")
+
+
 def parse_pipeline(spec: str) -> list[ModulePass]:
-    """Parse ``a,b{opt=v other=w},c`` into pass instances."""
-    passes: list[ModulePass] = []
-    i = 0
-    spec = spec.strip()
-    while i < len(spec):
-        j = i
-        while j < len(spec) and spec[j] not in ",{":
-            j += 1
-        name = spec[i:j].strip()
-        if not name:
-            raise PassError(f"empty pass name at position {i} of pipeline '{spec}'")
+    """Parse ``a,b{opt=v other=w}`` into pass instances, every option converted and checked."""
+    from lark import Token, Tree
+    from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
+
+    try:
+        tree = _pipeline_parser().parse(spec)
+    except UnexpectedInput as err:
+        column = err.column if isinstance(err.column, int) and err.column > 0 else len(spec) + 1
+        if isinstance(err, UnexpectedToken) and err.token.type == "$END":
+            found, column = "the end", len(spec) + 1
+        elif isinstance(err, UnexpectedCharacters) and err.pos_in_stream is not None:
+            found = repr(spec[err.pos_in_stream])
+        else:
+            found = repr(str(getattr(err, "token", "")))
+        terminals = getattr(err, "expected", None) or getattr(err, "allowed", None) or ()
+        expected = sorted({_EXPECTED_WORDS.get(t, t) for t in terminals})
+        raise PassError(
+            f"pipeline '{spec}': found {found} at column {column}, expected {' or '.join(expected) or 'something else'}; "
+            "write passes as name{option=value ...} separated by commas"
+        ) from None
+    passes = []
+    for spec_tree in tree.children:
+        assert isinstance(spec_tree, Tree)
+        name = str(spec_tree.children[0])
         options: dict[str, str] = {}
-        if j < len(spec) and spec[j] == "{":
-            close = spec.find("}", j)
-            if close < 0:
-                raise PassError(f"unclosed '{{' after pass '{name}' in pipeline '{spec}'")
-            for item in spec[j + 1 : close].replace(",", " ").split():
-                if "=" not in item:
-                    raise PassError(f"option '{item}' of pass '{name}' must be written key=value")
-                key, value = item.split("=", 1)
-                options[key.strip()] = value.strip()
-            j = close + 1
+        if len(spec_tree.children) > 1:
+            for opt in spec_tree.children[1].children:  # type: ignore[union-attr]
+                key, value = opt.children  # type: ignore[union-attr]
+                assert isinstance(key, Token) and isinstance(value, Token)
+                if str(key) in options:
+                    raise PassError(f"pass '{name}' sets option '{key}' twice in pipeline '{spec}'")
+                options[str(key)] = value[1:-1] if value.type == "STRING" else str(value)
         passes.append(instantiate_pass(name, options))
-        if j < len(spec) and spec[j] != ",":
-            raise PassError(f"expected ',' after pass '{name}' at position {j} of pipeline '{spec}'")
-        i = j + 1
     return passes
+
+
+# ---------------------------------------------------------------------------- running
 
 
 @dataclass
@@ -137,6 +301,41 @@ class PassTiming:
     name: str
     seconds: float
     modified: bool
+    parts: list[tuple[str, float]] = field(default_factory=list)  # what the pass timed inside itself
+
+
+_TIMING_PARTS: ContextVar[list[tuple[str, float]] | None] = ContextVar("tessera_pass_timing_parts", default=None)
+
+
+def note_time(label: str, seconds: float) -> None:
+    """Record how long a part of the running pass took (``--timing`` shows it under the pass).
+
+    Timings stay out of the IR, so that the same compile prints the same text every time.
+    """
+    parts = _TIMING_PARTS.get()
+    if parts is not None:
+        parts.append((label, seconds))
+
+
+@contextmanager
+def frozen_heap() -> Iterator[None]:
+    """Keep the objects that exist now out of the garbage collector's way meanwhile.
+
+    Passes allocate many small objects, so the collector runs often, and each full
+    collection walks the whole heap: with a captured model (and torch) loaded that made
+    scheduling a third slower, and in forked workers it also copies every inherited page.
+    Frozen objects (the permanent generation) are skipped; they are live anyway, and are
+    unfrozen afterwards. Does nothing when the caller froze objects already, so as not to
+    unfreeze theirs.
+    """
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 @dataclass
@@ -151,13 +350,18 @@ class PassManager:
 
         ran: list[str] = []
         for p in self.passes:
+            parts: list[tuple[str, float]] = []
+            token = _TIMING_PARTS.set(parts)
             start = time.perf_counter()
             try:
-                modified = p.apply(module)
+                with frozen_heap():
+                    modified = p.apply(module)
             except TesseraError as err:
                 raise PassError(self._context(p, ran) + str(err)) from err
+            finally:
+                _TIMING_PARTS.reset(token)
             seconds = time.perf_counter() - start
-            self.timings.append(PassTiming(p.name, seconds, bool(modified)))
+            self.timings.append(PassTiming(p.name, seconds, bool(modified), parts))
             if self.verify_each and modified:
                 try:
                     verify(module)

@@ -43,6 +43,7 @@ import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -255,9 +256,9 @@ class _Prepared:
             if self.src is not None:
                 dist.all_to_all_single(self.dst, self.src)
             return
-        if self.a is not None:
+        if self.a is not None and self.b is not None:
             torch.mm(self.a, self.b, out=self.c)
-        if self.src is not None:
+        if self.src is not None and self.dst is not None:
             self.dst.copy_(self.src)
 
 
@@ -307,7 +308,7 @@ def _run_once_cpu(
 
 
 def _run_once_cuda(
-    prepared: dict[str, _Prepared], tasks: list[ExecTask], cuda_streams: dict[str, object]
+    prepared: dict[str, _Prepared], tasks: list[ExecTask], cuda_streams: dict[str, torch.cuda.Stream]
 ) -> tuple[float, dict[str, float], dict[str, float]]:
     # Work is enqueued from one host thread in an order that respects stream
     # order and deps, because waiting on a CUDA event that is not yet recorded
@@ -417,6 +418,13 @@ def cpu_model_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_device_description(world_size: int, threads_per_rank: int | None = None) -> str:
+    """The description of a CPU executor with ``world_size`` ranks (``threads_per_rank`` by
+    default shared out by ``default_threads_per_rank``), as measurements record it."""
+    threads = threads_per_rank or default_threads_per_rank(world_size)
+    return f"cpu:{cpu_model_name()}:world={world_size}:threads={threads}:gloo"
+
+
 class PairExecutor:
     """Processes that execute pair schedules on request; start once, measure many pairs.
 
@@ -454,7 +462,7 @@ class PairExecutor:
         if self.device == "cuda":
             name = torch.cuda.get_device_name(0)
             return f"cuda:{name}:world={self.world_size}:nccl"
-        return f"cpu:{cpu_model_name()}:world={self.world_size}:threads={self.threads_per_rank}:gloo"
+        return cpu_device_description(self.world_size, self.threads_per_rank)
 
     @property
     def method(self) -> str:
@@ -486,8 +494,10 @@ class PairExecutor:
             self._receive(rank, "starting the worker processes")
         return self
 
-    def _receive(self, rank: int, what: str) -> object:
+    def _receive(self, rank: int, what: str) -> Any:
+        """The payload rank ``rank`` sends next (what it is depends on the request)."""
         conn = self._conns[rank]
+        assert self._context is not None, "the worker processes are not running"
         deadline = time.monotonic() + self.timeout_s
         # Poll in short steps so a worker that died (e.g. could not even start) is
         # reported at once rather than after the whole timeout.

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from passes.costs.hardware import CPU, DEFAULT_HARDWARE, Hardware, load_hardware
 from passes.manager import ModulePass, PassManager, parse_pipeline
 from tessera.io import write_atomic
 from tessera_ir import Module, print_module
+
+if TYPE_CHECKING:
+    from passes.simulation.capacity import CapacityReport
+    from passes.simulation.routing import RoutingKind
 
 # The planning pipeline `tessera-compile` runs after capture, in the order of
 # DESIGN.md (the per-rank programs come later).
@@ -23,25 +29,50 @@ def capture(source: Any, **parallel: Any) -> Module:
     return frontend.capture(source, overrides=overrides)
 
 
+def _announce_calibration(path: Path) -> None:
+    print(
+        f"calibrating the local CPU for --hardware cpu (a minute or two, once; cached in {path})",
+        file=sys.stderr, flush=True,
+    )
+
+
+def resolve_hardware(hardware: str) -> Hardware:
+    """Load the target ``hardware`` (a shipped name or a path); ``cpu`` is calibrated first if it
+    never was, with a message on stderr (calibration runs only when ``cpu`` is asked for)."""
+    if hardware == CPU:
+        from passes.costs.calibrate_cpu import cpu_hardware
+
+        return cpu_hardware(announce=_announce_calibration)
+    return load_hardware(hardware)
+
+
 def run_passes(
     module: Module,
-    pipeline: str,
+    pipeline: str | list[ModulePass],
     verify: bool = True,
     dump_after: Callable[[ModulePass, Module], None] | None = None,
 ) -> PassManager:
-    manager = PassManager(parse_pipeline(pipeline) if pipeline.strip() else [], verify_each=verify, dump_after=dump_after)
+    """Run a pipeline (its text, or passes already parsed) on ``module`` in place."""
+    passes = pipeline if isinstance(pipeline, list) else (parse_pipeline(pipeline) if pipeline.strip() else [])
+    manager = PassManager(passes, verify_each=verify, dump_after=dump_after)
     manager.run(module)
     return manager
 
 
-def compile(source: Any, pipeline: str | None = None, verify: bool = True, **parallel: Any) -> Module:  # noqa: A001
-    """Capture ``source`` and run the planning pipeline (``DEFAULT_PIPELINE`` unless given)."""
+def compile(  # noqa: A001
+    source: Any, pipeline: str | None = None, verify: bool = True, hardware: str = DEFAULT_HARDWARE, **parallel: Any
+) -> Module:
+    """Capture ``source`` and plan it for ``hardware`` (``DEFAULT_PIPELINE`` unless given)."""
     from tessera_ir.verifier import verify as verify_module
 
+    text = DEFAULT_PIPELINE if pipeline is None else pipeline
+    passes = parse_pipeline(text) if text.strip() else []  # a bad pipeline fails before the capture
+    resolve_hardware(hardware)
     module = capture(source, **parallel)
+    module.attrs["hardware"] = hardware
     if verify:
         verify_module(module)
-    run_passes(module, DEFAULT_PIPELINE if pipeline is None else pipeline, verify=verify)
+    run_passes(module, passes, verify=verify)
     return module
 
 
@@ -63,15 +94,16 @@ def report(module: Module) -> str:
 
 
 def capacity(
-    module: Module, routing: str = "balanced", iterations: int = 10, dp: int | None = None, **routing_options: Any
-) -> Any:
+    module: Module, routing: RoutingKind = "balanced", iterations: int = 10, dp: int | None = None, **routing_options: Any
+) -> CapacityReport:
     """Simulate a planned module's training iterations, with and without the DBO.
 
     Returns a :class:`passes.simulation.capacity.CapacityReport` (``.render()`` for text,
     ``.to_json()``); ``routing`` is balanced, zipf, drift or trace, ``routing_options`` the
     :class:`passes.simulation.routing.RoutingSpec` fields (``zipf_s``, ``drift``, ``trace``, ``seed``).
     """
+    from passes.plan_view import PlanView
     from passes.simulation.capacity import plan_capacity
     from passes.simulation.routing import RoutingSpec
 
-    return plan_capacity(module, RoutingSpec(routing, **routing_options), iterations=iterations, dp=dp).report
+    return plan_capacity(PlanView(module), RoutingSpec(routing, **routing_options), iterations=iterations, dp=dp).report

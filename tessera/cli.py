@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from passes.manager import PASS_REGISTRY, ModulePass, get_pass_class
+from passes.manager import PASS_REGISTRY, ModulePass, PassManager, get_pass_class
 from passes.simulation.routing import DEFAULT_ZIPF_S, ROUTING_KINDS, RoutingSpec
 from runtime.errors import PlanError
 from tessera_ir.errors import TesseraError
@@ -89,6 +89,7 @@ def _dump_callback(spec: str | None, dump_dir: str | None) -> Callable[[ModulePa
 
 def _print_timing(manager_timings: list, extra: list[tuple[str, float]]) -> None:
     rows = extra + [(f"pass {t.name}", t.seconds) for t in manager_timings]
+    parts = {f"pass {t.name}": t.parts for t in manager_timings}
     total = sum(s for _, s in rows)
     print("===-------------------------------------------===", file=sys.stderr)
     print("  Tessera execution timing report", file=sys.stderr)
@@ -96,7 +97,15 @@ def _print_timing(manager_timings: list, extra: list[tuple[str, float]]) -> None
     for name, seconds in rows:
         share = 100.0 * seconds / total if total else 0.0
         print(f"  {seconds:9.4f} s ({share:5.1f}%)  {name}", file=sys.stderr)
+        for label, part_s in parts.get(name, []):  # what the pass timed inside itself
+            print(f"  {part_s:9.4f} s           {label}", file=sys.stderr)
     print(f"  {total:9.4f} s (100.0%)  total", file=sys.stderr)
+
+
+def _hardware_flag(p: argparse.ArgumentParser, default: str | None, help_text: str) -> None:
+    from passes.costs.hardware import shipped_hardware
+
+    p.add_argument("--hardware", default=default, metavar="|".join(shipped_hardware()) + "|PATH.json", help=help_text)
 
 
 # ---------------------------------------------------------------- tessera-compile
@@ -119,6 +128,7 @@ def _compile_parser() -> argparse.ArgumentParser:
     p.add_argument("--dump-dir", metavar="DIR", help="write --dump-after dumps as files in DIR instead of stderr")
     p.add_argument("--no-verify", dest="verify", action="store_false", help="skip the verifier between passes")
     p.add_argument("--timing", action="store_true", help="print how long capture and each pass took")
+    _hardware_flag(p, "h100", "target hardware the plan is for (default h100; cpu: this machine, calibrated once)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     group = p.add_argument_group("parallel settings (override PARALLEL in model.py and the workload defaults)")
     for flag, typ, help_text in PARALLEL_FLAGS:
@@ -143,7 +153,8 @@ def _compile_parser() -> argparse.ArgumentParser:
 
 
 def _compile(args: argparse.Namespace) -> int:
-    from tessera.api import DEFAULT_PIPELINE, capture, run_passes
+    from passes.manager import parse_pipeline
+    from tessera.api import DEFAULT_PIPELINE, capture, resolve_hardware, run_passes
     from tessera_ir.summary import summarize
     from tessera_ir.verifier import verify
 
@@ -155,21 +166,24 @@ def _compile(args: argparse.Namespace) -> int:
             "runtime; write the plan as .tir"
         )
     pipeline = DEFAULT_PIPELINE if args.passes is None else ("" if args.passes == "none" else args.passes)
-    routing = _routing_spec(args)  # bad simulation settings fail before the (long) capture and planning
+    passes = parse_pipeline(pipeline) if pipeline.strip() else []  # a bad pipeline fails before the capture
+    routing = _routing_spec(args)  # so do bad simulation settings
     dump = _dump_callback(args.dump_after, args.dump_dir)
     parallel = {flag.lstrip("-").replace("-", "_"): getattr(args, flag.lstrip("-").replace("-", "_")) for flag, _, _ in PARALLEL_FLAGS}
+    resolve_hardware(args.hardware)  # so does a bad --hardware; cpu is calibrated here if it never was
 
     start = time.perf_counter()
     module = capture(args.source, **parallel)
+    module.attrs["hardware"] = args.hardware  # the target every pass, the report and viz read
     capture_s = time.perf_counter() - start
     start = time.perf_counter()
     if args.verify:
         verify(module)
     verify_s = time.perf_counter() - start
-    manager = run_passes(module, pipeline, verify=args.verify, dump_after=dump)
+    manager = run_passes(module, passes, verify=args.verify, dump_after=dump)
 
     # Render everything before writing anything, so a failure leaves no output at all.
-    outputs: list[tuple[str, str]] = []
+    outputs: list[tuple[str, str | bytes]] = []
     if args.output:
         outputs.append((args.output, print_module(module)))
     if args.summary_json:
@@ -218,9 +232,10 @@ def _capacity(args: argparse.Namespace, module: Module, spec: RoutingSpec) -> tu
         return None, []
     if args.no_capacity or (args.output == "-" and not wanted_files and not args.report):
         return None, []
+    from passes.plan_view import PlanView
     from passes.simulation.capacity import plan_capacity
 
-    result = plan_capacity(module, spec, iterations=args.iterations, dp=args.dp, record=bool(args.trace or args.timeline))
+    result = plan_capacity(PlanView(module), spec, iterations=args.iterations, dp=args.dp, record=bool(args.trace or args.timeline))
     files: list[tuple[str, str | bytes]] = []
     if args.report_json:
         files.append((args.report_json, result.report.to_json()))
@@ -254,22 +269,38 @@ def _opt_parser() -> argparse.ArgumentParser:
     p.add_argument("--dump-dir", metavar="DIR", help="write --dump-after dumps as files in DIR instead of stderr")
     p.add_argument("--no-verify", dest="verify", action="store_false", help="skip verifying input and pass results")
     p.add_argument("--timing", action="store_true", help="print how long parsing and each pass took")
-    p.add_argument("--list-passes", action="store_true", help="list the registered passes and exit")
+    p.add_argument("--list-passes", action="store_true", help="list the registered passes with their options and exit")
+    p.add_argument("--split-input-file", action="store_true",
+                   help="run on each '// -----'-separated part of the input on its own; print the results joined alike")
+    _hardware_flag(p, None, "target hardware, overriding the module's 'hardware' attribute")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     return p
 
 
+def _list_passes() -> None:
+    from passes.manager import describe_options
+
+    for name in sorted(PASS_REGISTRY):
+        cls = get_pass_class(name)
+        print(f"{name}: {cls.summary}")
+        for o in describe_options(cls):
+            print(f"  {o.name}: {o.type} = {o.default}  -- {o.help}")
+
+
 def _opt(args: argparse.Namespace) -> int:
-    from passes.manager import PassManager, parse_pipeline
+    from passes.manager import parse_pipeline
     from tessera_ir.parser import parse_module
     from tessera_ir.verifier import verify
 
     if args.list_passes:
-        for name in sorted(PASS_REGISTRY):
-            print(f"{name:20s} {get_pass_class(name).summary}")
+        _list_passes()
         return 0
     passes = parse_pipeline(args.passes) if args.passes.strip() else []  # bad pipelines fail before reading input
     dump = _dump_callback(args.dump_after, args.dump_dir)
+    if args.hardware is not None:
+        from tessera.api import resolve_hardware
+
+        resolve_hardware(args.hardware)
     if args.input == "-":
         text, source = sys.stdin.read(), "<stdin>"
     else:
@@ -277,19 +308,65 @@ def _opt(args: argparse.Namespace) -> int:
         if not path.is_file():
             raise TesseraError(f"input file '{args.input}' does not exist")
         text, source = path.read_text(), str(path)
-    start = time.perf_counter()
-    module = parse_module(text, source=source)
-    parse_s = time.perf_counter() - start
-    if args.verify:
-        verify(module)
-    manager = PassManager(passes, verify_each=args.verify, dump_after=dump)
-    manager.run(module)
+
+    def run(part: str) -> tuple[str, PassManager, float]:
+        start = time.perf_counter()
+        module = parse_module(part, source=source)
+        parse_s = time.perf_counter() - start
+        if args.hardware is not None:
+            module.attrs["hardware"] = args.hardware
+        if args.verify:
+            verify(module)
+        manager = PassManager(list(passes), verify_each=args.verify, dump_after=dump)
+        manager.run(module)
+        return print_module(module), manager, parse_s
+
     from tessera.io import write_atomic
 
-    write_atomic(args.output, print_module(module))
-    if args.timing:
-        _print_timing(manager.timings, [("parse", parse_s)])
-    return 0
+    if not args.split_input_file:
+        printed, manager, parse_s = run(text)
+        write_atomic(args.output, printed)
+        if args.timing:
+            _print_timing(manager.timings, [("parse", parse_s)])
+        return 0
+    # Like mlir-opt: each part runs on its own; a failing part prints its error (on stderr,
+    # in order with the output) and the others still run; the exit status reports failure,
+    # and a file given by -o is written only when every part succeeded.
+    outputs, failed = [], False
+    for k, (line, part) in enumerate(_split_parts(text)):
+        if k and args.output == "-":
+            sys.stdout.write(SPLIT_MARKER + "\n")
+            sys.stdout.flush()
+        try:
+            printed = run(part)[0]
+        except TesseraError as err:
+            if args.debug:
+                raise
+            printed, failed = "", True
+            print(f"tessera-opt: error: {source}, part at line {line}: {err}", file=sys.stderr, flush=True)
+        outputs.append(printed)
+        if args.output == "-":
+            sys.stdout.write(printed)
+            sys.stdout.flush()
+    if args.output != "-" and not failed:
+        write_atomic(args.output, (SPLIT_MARKER + "\n").join(outputs))
+    return EXIT_USER_ERROR if failed else 0
+
+
+SPLIT_MARKER = "// -----"
+
+
+def _split_parts(text: str) -> list[tuple[int, str]]:
+    """The parts of ``text`` between ``// -----`` lines, each with its first line number; a part
+    keeps blank lines in place of the lines before it, so parse errors name lines of the file."""
+    lines = text.splitlines(keepends=True)
+    parts: list[tuple[int, str]] = []
+    begin = 0
+    for i, line in enumerate(lines + [SPLIT_MARKER + "\n"]):
+        if line.strip() == SPLIT_MARKER:
+            parts.append((begin + 1, "\n" * begin + "".join(lines[begin:i])))
+            begin = i + 1
+    return parts
 
 
 def opt_main(argv: Sequence[str] | None = None) -> int:

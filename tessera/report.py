@@ -2,17 +2,18 @@
 
 Sections appear as the plan grows: the model and its layer kinds after
 capture; per layer kind, compute and All-to-All time on the target hardware
-(analytic, isolated) and how much of the communication a perfect overlap could
-hide; after scheduling and partitioning, the per-stage post-overlap costs.
+(isolated task durations) and how much of the communication a perfect overlap could
+hide; after scheduling and partitioning, the per-stage post-overlap costs. Every
+figure names the hardware it is for. The plan is read through ``passes.plan_view``.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 
-from passes.cost_model import Hardware, load_hardware, task_duration_us
+from passes.plan_view import PlanView
 from tessera_ir.kinds import LayerRole, MixerKind, Phase
-from tessera_ir.model import Attrs, Layer, Module, SymbolRef
+from tessera_ir.model import Layer, Module
 from tessera_ir.parallel import ParallelConfig
 
 
@@ -49,15 +50,16 @@ def _model_section(module: Module, parallel: ParallelConfig) -> str:
     return "\n".join(lines)
 
 
-def _time_section(module: Module, parallel: ParallelConfig, hw: Hardware) -> str:
+def _time_section(view: PlanView) -> str:
     """Per layer kind: isolated compute and All-to-All time per micro-batch, forward and backward."""
+    module, parallel, hw = view.module, view.parallel, view.hardware
     groups: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     counts: dict[str, int] = defaultdict(int)
     for layer in module.layers:
         key = layer.role.value if layer.index is None else f"{layer.mixer.value}+{layer.ffn.value}"
         counts[key] += 1
         for t in layer.tasks:
-            us = task_duration_us(t, hw, parallel)
+            us = view.duration(t)
             side = "fwd" if t.phase is Phase.FWD else "bwd"
             groups[key][f"{side}_{t.resource.value}"] += us
             if t.phase is Phase.WGRAD:
@@ -78,7 +80,7 @@ def _time_section(module: Module, parallel: ParallelConfig, hw: Hardware) -> str
             f"{comm / compute:.2f}" if compute else "-",
         ])
     header = (
-        f"Where the time goes (analytic, isolated kernels on {hw.name}, per layer and micro-batch, ms; "
+        f"Where the time goes (isolated kernels on {view.hardware_name}, per layer and micro-batch, ms; "
         f"All-to-All at {hw.a2a_gbps(parallel.ep):.0f} GB/s for EP={parallel.ep}):"
     )
     table = _table(["layer kind", "count", "fwd comp", "fwd a2a", "bwd comp", "bwd a2a", "of which wgrad", "a2a/comp"], rows)
@@ -91,12 +93,12 @@ def _time_section(module: Module, parallel: ParallelConfig, hw: Hardware) -> str
     return "\n".join([header, table, summary])
 
 
-def render_report(module: Module, hardware: str | None = None) -> str:
-    parallel = ParallelConfig.from_attrs(module.attrs)
-    hw = load_hardware(hardware or str(module.attrs.get("hardware", "h100")))
-    sections = [_model_section(module, parallel), _time_section(module, parallel, hw), _plan_section(module, parallel)]
+def render_report(module: Module) -> str:
+    """The report of ``module`` for its target hardware (the module's ``hardware`` attribute)."""
+    view = PlanView(module)
+    target = f"Target hardware: {view.hardware_name}" + (f" ({view.hardware.description})" if view.hardware.description else "")
+    sections = [_model_section(module, view.parallel) + "\n" + target, _time_section(view), _plan_section(view)]
     return "\n\n".join(s for s in sections if s)
-
 
 
 def _exposed_comm(entries: list[tuple[float, float, str]]) -> tuple[float, float]:
@@ -124,56 +126,46 @@ def _layer_letter(layer: Layer) -> str:
     }[layer.mixer]
 
 
-def _plan_section(module: Module, parallel: ParallelConfig) -> str | None:
-    partitions = module.plan_ops("partition")
-    if not partitions:
+def _cost_origin(module: Module, view: PlanView) -> str:
+    """What the pair costs are and which hardware they are for."""
+    mode = module.attrs.get("profile_mode")
+    where = module.attrs.get("profile_hardware", view.hardware_name)
+    if mode == "analytic":
+        return f"analytic with contention on {where}"
+    if mode in ("measured", "cache-only"):
+        return f"measured on {module.attrs.get('profile_device', where)} (hardware {where}), scaled to full size"
+    return f"schedule makespans on {view.hardware_name}"
+
+
+def _plan_section(view: PlanView) -> str | None:
+    part = view.partition
+    if part is None:
         return None
-    from passes.partition_dp import meeting_stages
-
-    part = partitions[0]
-    cands = {c.name: c for c in module.plan_ops("candidate")}
-    stage_refs = [r for r in part.attrs.get("stages", []) if isinstance(r, SymbolRef)]  # type: ignore[union-attr]
-    chosen = [cands[r.name] for r in stage_refs]
-    layer_by_name = {layer.name: layer for layer in module.layers}
-
-    def layers_of(cand_attrs: Attrs) -> tuple[str, ...]:
-        return tuple(r.name for r in cand_attrs.get("layers", []) if isinstance(r, SymbolRef))  # type: ignore[union-attr]
-
-    pairs = {(layers_of({"layers": p.attrs.get("fwd", [])}), layers_of({"layers": p.attrs.get("bwd", [])})): p
-             for p in module.plan_ops("pair")}
-    schedules = {s.name: s for s in module.plan_ops("pair_schedule")}
-
+    module, parallel = view.module, view.parallel
     stage_rows = []
-    for s, cand in enumerate(chosen):
-        names = layers_of(cand.attrs)
-        sequence = "".join(_layer_letter(layer_by_name[n]) for n in names)
+    for s, cand in enumerate(part.stages):
         stage_rows.append([
-            str(s), str(s % parallel.pp), f"{cand.attrs.get('first')}-{cand.attrs.get('last')}",
-            str(sum(1 for n in names if layer_by_name[n].index is not None)),
-            sequence,
+            str(s), str(s % parallel.pp), f"{cand.range[0]}-{cand.range[1]}",
+            str(sum(1 for layer in cand.layers if layer.index is not None)),
+            "".join(_layer_letter(layer) for layer in cand.layers),
         ])
 
     device_rows = []
     worst_device, worst_cost = -1, -1.0
-    meets = meeting_stages(parallel.pp, parallel.vpp, parallel.microbatches)
-    for device, meetings in meets.items():
+    for device, meetings in view.meetings().items():
         costs, serial, exposed, comm = [], 0.0, 0.0, 0.0
-        for f, b in meetings:
-            key = (layers_of(chosen[f].attrs), layers_of(chosen[b].attrs))
-            pair = pairs.get(key)
-            if pair is None:
+        for meeting in meetings:
+            pair = meeting.pair
+            found = pair.cost() if pair is not None else None
+            if pair is None or found is None:
                 continue
-            cost = pair.attrs.get("cost_us", pair.attrs.get("makespan"))
-            if not isinstance(cost, (int, float)):
-                continue
-            costs.append(float(cost))
-            serial_us = pair.attrs.get("serial_us")
+            costs.append(found[0])
+            serial_us = pair.op.attrs.get("serial_us")
             serial += float(serial_us) if isinstance(serial_us, (int, float)) else 0.0
-            sched_ref = pair.attrs.get("schedule")
-            if isinstance(sched_ref, SymbolRef) and sched_ref.name in schedules:
+            if pair.schedule is not None:
                 entries = [
                     (float(e.attrs["start"]), float(e.attrs["duration"]), str(e.attrs["stream"]))  # type: ignore[arg-type]
-                    for e in schedules[sched_ref.name].entries
+                    for e in pair.schedule.entries
                 ]
                 x, c = _exposed_comm(entries)
                 exposed, comm = exposed + x, comm + c
@@ -189,23 +181,23 @@ def _plan_section(module: Module, parallel: ParallelConfig) -> str | None:
             f"{100 * exposed / comm:.1f}%" if comm else "-",
         ])
 
+    attrs = part.op.attrs
     lines = [
-        f"Partition ({part.attrs.get('search', 'window')} search, {part.attrs.get('solver', '')} "
-        f"{float(part.attrs.get('solve_seconds', 0.0)):.2f} s; MILP variables "  # type: ignore[arg-type]
-        f"{part.attrs.get('milp_variables_before', '?')} -> {part.attrs.get('milp_variables_after', '?')} after pruning):",
+        f"Partition ({attrs.get('search', 'window')} search, {attrs.get('solver', '')}; MILP variables "
+        f"{attrs.get('milp_variables_before', '?')} -> {attrs.get('milp_variables_after', '?')} after pruning):",
         _table(["stage", "device", "layers", "count", "kinds"], stage_rows),
         "  (E embedding, D linear attention, A softmax attention, W sliding window, M MLA, S SSM, F ffn only, L head+loss)",
         "",
-        "Steady state per device (meeting forward/backward pairs, post-overlap cost, ms):",
+        f"Steady state per device (meeting forward/backward pairs, post-overlap cost, ms; {_cost_origin(module, view)}):",
         _table(["device", "pairs", "worst pair", "sum", "serial sum", "overlap gain", "a2a exposed"], device_rows),
     ]
-    bottleneck = part.attrs.get("bottleneck_us")
-    balanced = part.attrs.get("balanced_bottleneck_us")
+    bottleneck = attrs.get("bottleneck_us")
+    balanced = attrs.get("balanced_bottleneck_us")
     if isinstance(bottleneck, (int, float)):
         text = f"Bottleneck: {bottleneck / 1e3:.3f} ms (device {worst_device})"
         if isinstance(balanced, (int, float)) and bottleneck > 0:
             text += f"; serially balanced partition: {balanced / 1e3:.3f} ms ({balanced / bottleneck:.3f}x)"
         lines.append(text)
-    if "megatron_layout" in part.attrs:
-        lines.append(f"Megatron-LM layout: --pipeline-model-parallel-layout \"{part.attrs['megatron_layout']}\"")
+    if "megatron_layout" in attrs:
+        lines.append(f"Megatron-LM layout: --pipeline-model-parallel-layout \"{attrs['megatron_layout']}\"")
     return "\n".join(lines)

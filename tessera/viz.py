@@ -28,10 +28,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from passes.pair_dag import FWD, PairDAG
-from passes.pair_schedulers import PairSchedule
+from passes.scheduling.pair_dag import FWD, PairDAG
+from passes.scheduling.schedule import PairSchedule
 from tessera_ir.errors import TesseraError
 from tessera_ir.kinds import Resource
+from tessera_ir.model import Module
 
 FORMATS = ("svg", "png", "pdf", "json", "dot")
 LANES = (Resource.COMPUTE, Resource.COMM)
@@ -254,20 +255,25 @@ def draw_pair(schedule: PairSchedule, name: str, formats: Sequence[str], outdir:
     return written
 
 
-def _schedules_to_draw(module: object, pair: str | None) -> list[tuple[str, PairSchedule]]:
-    from passes.overlap_schedule import duration_fn, pair_dag, schedule_dag, schedule_from_plan
+def _schedules_to_draw(module: Module, pair: str | None) -> list[tuple[str, PairSchedule]]:
+    from passes.plan_view import PlanView
 
-    plan = {op.name: op for op in module.plan}  # type: ignore[attr-defined]
+    view = PlanView(module)
     if pair is not None:
-        op = plan.get(pair)
+        op = view.ops.get(pair)
         if op is not None and op.op == "pair" and "schedule" not in op.attrs:
-            print(f"tessera-viz: pair @{pair} has no schedule; scheduling it now with gap-fit", file=sys.stderr)
-            return [(pair, schedule_dag(pair_dag(module, op, duration_fn(module, "h100"))))]  # type: ignore[arg-type]
-        return [(pair, schedule_from_plan(module, pair))]  # type: ignore[arg-type]
-    scheds = [op.name for op in module.plan if op.op == "pair_schedule"]  # type: ignore[attr-defined]
+            print(
+                f"tessera-viz: pair @{pair} has no schedule; scheduling it now with gap-fit for {view.hardware_name}",
+                file=sys.stderr,
+            )
+            from passes.scheduling.gap_fit import gap_fit
+
+            return [(pair, gap_fit(view.pair_dag(view.pair(pair))))]
+        return [(pair, view.schedule(pair))]
+    scheds = [op.name for op in module.plan if op.op == "pair_schedule"]
     if not scheds:
         raise VizError("the plan has no pair_schedule ops; run tessera-opt --passes=overlap-schedule first, or name a --pair")
-    return [(name, schedule_from_plan(module, name)) for name in scheds]  # type: ignore[arg-type]
+    return [(name, view.schedule(name)) for name in scheds]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -104,13 +104,6 @@ def resource_of(op: TaskOp) -> Resource:
     return Resource.COMM if op in COMM_OPS else Resource.COMPUTE
 
 
-def has_phase(op: TaskOp, phase: Phase) -> bool:
-    """Whether an operation can have a task in the given phase."""
-    if phase is Phase.WGRAD:
-        return op in WEIGHTED_OPS
-    return True
-
-
 DTYPE_BYTES: dict[str, int] = {
     "fp32": 4,
     "bf16": 2,

@@ -384,7 +384,7 @@ def _is_number(value: object) -> bool:
 
 # Attributes passes attach, with the rule each must satisfy when present.
 _PASS_ATTRS: dict[str, tuple[Callable[[Value], bool], str]] = {
-    "cost_us": (lambda v: _is_number(v) and v >= 0, "a non-negative number of microseconds"),  # type: ignore[operator]
+    "duration_us": (lambda v: _is_number(v) and v >= 0, "a non-negative number of microseconds"),  # type: ignore[operator]
     "start": (lambda v: _is_number(v) and v >= 0, "a non-negative number"),  # type: ignore[operator]
     "deadline": (lambda v: _is_number(v) and v >= 0, "a non-negative number"),  # type: ignore[operator]
     "stream": (lambda v: v in ("compute", "comm"), 'either "compute" or "comm"'),

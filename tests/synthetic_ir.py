@@ -111,9 +111,9 @@ def synthetic_module(
             mixer_deps = list(grad_in)
         if layer.mixer is not MixerKind.NONE:
             op = MIXER_OPS[layer.mixer]
-            mixer = _task(layer.name, op, Phase.DGRAD, mixer_deps, by_op[op].flops, by_op[op].bytes)
-            bwd.append(mixer)
-            grad_in = [mixer.name]
+            mixer_dgrad = _task(layer.name, op, Phase.DGRAD, mixer_deps, by_op[op].flops, by_op[op].bytes)
+            bwd.append(mixer_dgrad)
+            grad_in = [mixer_dgrad.name]
         else:
             grad_in = mixer_deps
         wgrads = [

@@ -23,29 +23,33 @@ Programs (one per distinct pair of forward and backward layer lists, or lone chu
   forward task plus its output gradient).
 
 Point-to-point transfers carry one micro-batch's hidden state (``micro_batch_size · seq_len ·
-hidden / tp`` elements, sequence-parallel under tensor parallelism) between pipeline stages over
-the NIC (``p2p_gbps``, default ``nic_gbps``; ``p2p_latency_us``, default ``a2a_latency_us``): in
-every reference setting stages sit on different nodes. Gradient reduction: per chunk, a
-reduce-scatter of its gradients in the training dtype over data parallelism (dense weights:
-``dp`` ranks; expert weights: expert-data-parallel ``dp·tp/ep`` ranks), ring time
-``(n - 1)/n · bytes / nic`` plus latency, as Megatron's distributed optimizer does.
+hidden / tp`` elements, sequence-parallel under tensor parallelism) between pipeline stages at
+the hardware file's ``p2p_gbps`` after ``p2p_latency_us`` (in every reference setting stages sit
+on different nodes, so the NIC's figures). Gradient reduction: per chunk, a reduce-scatter of its
+gradients in the training dtype over data parallelism (dense weights: ``dp`` ranks; expert
+weights: expert-data-parallel ``dp·tp/ep`` ranks), ring time ``(n - 1)/n · bytes /
+grad_reduce_gbps`` plus the All-to-All latency, as Megatron's distributed optimizer does. A
+hardware file without these figures uses the inter-node All-to-All bandwidth and latency.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
-from passes.candidates import serially_balanced, stage_layers
-from passes.contention import ContendedTask, ContentionParams, retime
-from passes.cost_model import Hardware, load_hardware, task_duration_us, task_utilisation
-from passes.memory_model import MemoryAssumptions, layer_activation_bytes, layer_static_bytes
-from passes.pair_dag import FWD, PairDAG, build_pair_dag
-from passes.pair_schedulers import SCHEDULERS
-from passes.partition_dp import Range, balanced_partition
+from passes.costs.contention import ContentionParams, retime
+from passes.costs.hardware import Hardware
+from passes.costs.pair_costs import ScheduledTask, contended_tasks
+from passes.partitioning.memory import MemoryAssumptions, layer_activation_bytes, layer_static_bytes
+from passes.partitioning.ranges import Range, balanced_partition
+from passes.partitioning.stages import serially_balanced
 from passes.pipelining.order import rank_order
+from passes.scheduling.generation import FlatDag, priority_order
+from passes.scheduling.methods import SCHEDULERS
+from passes.scheduling.pair_dag import BWD, FWD, PairDAG, join_sides, side_tasks
+from passes.scheduling.schedule import RESOURCES
 from passes.simulation import program as sim
 from passes.simulation.engine import DboSettings, SimulationResult, simulate
 from passes.simulation.routing import RoutingModel, RoutingSpec
@@ -73,105 +77,78 @@ class BuildOptions:
     dbo: bool = False  # find slots and the deferrable pool
     dp: int | None = None  # data-parallel replicas; None: the module's "dp" attribute, else 1
     distributed_optimizer: bool = True
-    hardware: str | None = None  # None: the module's target
     dbo_memory_fraction: float = 0.03  # the DBO pool's budget, as a share of device memory (see dbo_budgets)
 
 
-def partition_ranges(module: Module) -> tuple[Range, ...]:
+class PlanReader(Protocol):
+    """What the builder reads of a plan: ``passes.plan_view.PlanView`` provides it (the caller, a
+    pass or the driver, builds the view; the simulator sits below it)."""
+
+    module: Module
+    parallel: ParallelConfig
+    tasks: dict[str, Task]
+
+    @property
+    def hardware(self) -> Hardware: ...
+
+    @property
+    def partition(self) -> Any: ...  # noqa: ANN401 (the view's Partition, with ``ranges``)
+
+    def duration(self, task: Task) -> float: ...
+
+    def utilisation(self, task: Task) -> tuple[float, float]: ...
+
+    def stage_layers(self, stage: int, rng: Range) -> list[Layer]: ...
+
+    def pair_for(self, fwd: Sequence[Layer], bwd: Sequence[Layer]) -> Any: ...  # noqa: ANN401 (the view's Pair)
+
+    def pair_dag(self, pair: Any) -> PairDAG: ...  # noqa: ANN401
+
+    def scheduled_tasks(self, pair: Any) -> list[ScheduledTask]: ...  # noqa: ANN401
+
+
+def partition_ranges(view: PlanReader) -> tuple[Range, ...]:
     """The decoder ranges of the plan's ``partition`` op."""
-    ops = module.plan_ops("partition")
-    if not ops:
+    try:
+        part = view.partition
+    except TesseraError as err:
+        raise BuildError(str(err)) from None
+    if part is None:
         raise BuildError("the module holds no partition; run the planning passes (… ,partition) before simulating")
-    cands = {c.name: c for c in module.plan_ops("candidate")}
-    out = []
-    stages = ops[0].attrs.get("stages", [])
-    for ref in stages if isinstance(stages, list) else []:
-        cand = cands.get(ref.name) if isinstance(ref, SymbolRef) else None
-        if cand is None:
-            raise BuildError(f"partition names {ref!r}, which is no candidate op")
-        out.append((int(cand.attrs["first"]), int(cand.attrs["last"])))  # type: ignore[arg-type]
-    return tuple(out)
+    return tuple(part.ranges)
 
 
 def even_ranges(module: Module, stages: int) -> tuple[Range, ...]:
     """Layers split evenly by count (what Megatron-Core does without a custom layout)."""
-    n = len(module.decoder_layers())
-    return tuple(balanced_partition([1.0] * n, stages))
+    return tuple(balanced_partition([1.0] * len(module.decoder_layers()), stages))
 
 
-def balanced_ranges(module: Module, hw: Hardware, parallel: ParallelConfig) -> tuple[Range, ...]:
+def balanced_ranges(view: PlanReader) -> tuple[Range, ...]:
     """The serially balanced partition (stage costs as sums of isolated task durations)."""
-    return tuple(serially_balanced(module, hw, parallel))
-
-
-class _Plan:
-    """The plan's pair schedules by (forward layers, backward layers), and per-pair costs."""
-
-    def __init__(self, module: Module):
-        self.schedules = {op.name: op for op in module.plan_ops("pair_schedule")}
-        self.pairs: dict[tuple[ChunkKey, ChunkKey], PlanOp] = {}
-        for op in module.plan_ops("pair"):
-            key = tuple(tuple(r.name for r in op.attrs.get(side, []) if isinstance(r, SymbolRef)) for side in ("fwd", "bwd"))  # type: ignore[union-attr]
-            self.pairs.setdefault(key, op)  # type: ignore[arg-type]
-
-    def order(self, key: tuple[ChunkKey, ChunkKey], dag: PairDAG) -> list[int] | None:
-        """Per task of ``dag``, its position on its stream in the plan's schedule; None: not scheduled."""
-        pair = self.pairs.get(key)
-        ref = pair.attrs.get("schedule") if pair is not None else None
-        sched = self.schedules.get(ref.name) if isinstance(ref, SymbolRef) else None
-        if sched is None or len(sched.entries) != len(dag.tasks):
-            return None
-        by_name = {e.ref: e for e in sched.entries}
-        entries = [by_name[t.name] for t in dag.tasks] if all(t.name in by_name for t in dag.tasks) else list(sched.entries)
-        order = [0] * len(dag.tasks)
-        for resource in (Resource.COMPUTE, Resource.COMM):
-            on_stream = [i for i, t in enumerate(dag.tasks) if t.resource is resource]
-            on_stream.sort(key=lambda i: (float(entries[i].attrs.get("order", math.inf)), float(entries[i].attrs.get("start", 0.0)), i))  # type: ignore[arg-type]
-            for k, i in enumerate(on_stream):
-                order[i] = k
-        return order
-
-    def schedule_name(self, key: tuple[ChunkKey, ChunkKey]) -> str | None:
-        pair = self.pairs.get(key)
-        ref = pair.attrs.get("schedule") if pair is not None else None
-        return ref.name if isinstance(ref, SymbolRef) else None
-
-    def cost(self, key: tuple[ChunkKey, ChunkKey]) -> float | None:
-        pair = self.pairs.get(key)
-        value = pair.attrs.get("cost_us") if pair is not None else None
-        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    return tuple(serially_balanced(view.module, view.duration, view.parallel.virtual_stages))
 
 
 class SimulationBuilder:
     """Builds :class:`~passes.simulation.program.SimulationInput` for a planned module."""
 
-    def __init__(self, module: Module, options: BuildOptions = BuildOptions()):
+    def __init__(self, view: PlanReader, options: BuildOptions = BuildOptions()):
         if options.method not in METHODS:
             raise BuildError(f"unknown schedule method '{options.method}'; use one of {', '.join(METHODS)}")
+        module = view.module
         self.module = module
         self.options = options
-        self.parallel = ParallelConfig.from_attrs(module.attrs)
-        self.hw = load_hardware(options.hardware or str(module.attrs.get("hardware", "h100")))
-        self.plan = _Plan(module)
-        self.tasks = module.task_map()
-        self.layers = {layer.name: layer for layer in module.layers}
+        self.view = view
+        self.parallel = self.view.parallel
+        self.hw: Hardware = self.view.hardware
+        self.tasks = self.view.tasks
         self.decoder_index = {layer.name: layer.index for layer in module.decoder_layers()}
         self.moe = {layer.name for layer in module.decoder_layers() if layer.ffn is FfnKind.MOE}
         self.contention = ContentionParams.from_hardware(self.hw, self.parallel.ep)
-        self._durations: dict[str, float] = {}
         self._programs: dict[tuple[ChunkKey, ChunkKey], sim.Program] = {}
         self.sources: dict[tuple[ChunkKey, ChunkKey], str | None] = {}  # program -> the plan schedule it follows
         self.dbo_ops = DboOps(module)
         dp = options.dp if options.dp is not None else module.attrs.get("dp", 1)
-        self.dp = int(dp) if isinstance(dp, int) and dp >= 1 else 1  # type: ignore[redundant-expr]
-
-    # ------------------------------------------------------------------ durations
-
-    def duration(self, task: Task) -> float:
-        got = self._durations.get(task.name)
-        if got is None:
-            got = self._durations[task.name] = task_duration_us(task, self.hw, self.parallel)
-        return got
+        self.dp = dp if isinstance(dp, int) and not isinstance(dp, bool) and dp >= 1 else 1
 
     # ------------------------------------------------------------------ programs
 
@@ -187,71 +164,57 @@ class SimulationBuilder:
             got = self._programs[key] = self._compile(key, fwd, bwd)
         return got
 
-    def _stream_order(self, key: tuple[ChunkKey, ChunkKey], dag: PairDAG) -> list[int]:
+    def _scheduled(self, key: tuple[ChunkKey, ChunkKey], fwd: Sequence[Layer], bwd: Sequence[Layer]) -> tuple[PairDAG, list[int], float | None]:
+        """The program's DAG, each task's position on its stream, and the post-overlap cost the plan gives it."""
         method = self.options.method
         self.sources[key] = None
         if method == "plan":
-            order = self.plan.order(key, dag)
-            if order is not None:
-                self.sources[key] = self.plan.schedule_name(key)
-                return order
-            method = str(next(iter(self.plan.schedules.values())).attrs.get("method", "gap-fit")) if self.plan.schedules else "gap-fit"
-            if method not in SCHEDULERS:
-                method = "gap-fit"
-        return SCHEDULERS[method](dag).order_of()
+            pair = self.view.pair_for(fwd, bwd)
+            if pair is not None and pair.schedule is not None:
+                self.sources[key] = pair.schedule.name
+                return self.view.pair_dag(pair), [s.order for s in self.view.scheduled_tasks(pair)], pair.post_overlap_us
+            # Pairs the plan never met (the combined order meets other chunks than the plain
+            # one does) and lone chunks: scheduled as the plan schedules.
+            method = str(next((op.attrs.get("method") for op in self.module.plan if op.op == "pair_schedule"), "gap-fit"))
+            method = method if method in SCHEDULERS else "gap-fit"
+        name = f"{'+'.join(key[0]) or '-'}|{'+'.join(key[1]) or '-'}"
+        dag = join_sides(side_tasks(fwd, FWD, self.view.duration, name), side_tasks(bwd, BWD, self.view.duration, name), name)
+        return dag, SCHEDULERS[method](dag).order_of(), None
 
     def _compile(self, key: tuple[ChunkKey, ChunkKey], fwd: Sequence[Layer], bwd: Sequence[Layer]) -> sim.Program:
         name = f"{'+'.join(key[0]) or '-'}|{'+'.join(key[1]) or '-'}"
-        dag = build_pair_dag(fwd, bwd, self.duration, name=name)
-        order = self._stream_order(key, dag)
-        contended = [
-            ContendedTask(t.name, t.resource.value, t.duration, order[i], tuple(dag.tasks[d].name for d in t.deps),
-                          *task_utilisation(self.tasks[t.name], self.hw, self.parallel))
+        dag, order, cost = self._scheduled(key, fwd, bwd)
+        items = [
+            ScheduledTask(self.tasks[t.name], t.resource.value, order[i], tuple(dag.tasks[d].name for d in t.deps))
             for i, t in enumerate(dag.tasks)
         ]
-        timed = retime(contended, self.contention)
-        scale = 1.0
-        cost = self.plan.cost(key) if self.options.method == "plan" else None
-        if cost is not None and timed.makespan > 0:
-            scale = cost / timed.makespan
-        # Processing order: a topological order of dependencies and stream chains, by start time.
-        n = len(dag.tasks)
-        succ: list[list[int]] = [[] for _ in range(n)]
-        indegree = [0] * n
-        for i, t in enumerate(dag.tasks):
-            for d in t.deps:
-                succ[d].append(i)
-                indegree[i] += 1
-        for resource in (Resource.COMPUTE, Resource.COMM):
+        timed = retime(contended_tasks(items, self.view.duration, self.view.utilisation), self.contention)
+        scale = cost / timed.makespan if cost is not None and timed.makespan > 0 else 1.0
+        # Processing order: a topological order of dependencies and stream chains, earliest start first.
+        preds: list[list[int]] = [list(t.deps) for t in dag.tasks]
+        for resource in RESOURCES:
             chain = sorted((i for i, t in enumerate(dag.tasks) if t.resource is resource), key=lambda i: order[i])
             for a, b in zip(chain, chain[1:]):
-                succ[a].append(b)
-                indegree[b] += 1
-        heap = [(timed.start[t.name], order[i], i) for i, t in enumerate(dag.tasks) if indegree[i] == 0]
-        heapq.heapify(heap)
-        processing: list[int] = []
-        while heap:
-            _, _, i = heapq.heappop(heap)
-            processing.append(i)
-            for j in succ[i]:
-                indegree[j] -= 1
-                if indegree[j] == 0:
-                    heapq.heappush(heap, (timed.start[dag.tasks[j].name], order[j], j))
-        if len(processing) != n:
+                preds[b].append(a)
+        processing = priority_order(FlatDag(dag), [-timed.start[t.name] for t in dag.tasks], preds)
+        if len(processing) != len(items):
             raise BuildError(f"program {name}: its stream order contradicts its dependencies")
+        index = {s.task.name: i for i, s in enumerate(items)}
         position = {i: k for k, i in enumerate(processing)}
+        fwd_names = {x.name for x in fwd}
         routed_layers: list[tuple[int, int]] = []
         routed_index: dict[tuple[int, int], int] = {}
         tasks = []
         for i in processing:
-            t = dag.tasks[i]
-            task = self.tasks[t.name]
-            side = sim.FWD if t.side == FWD else sim.BWD
-            effective = (timed.finish[t.name] - timed.start[t.name]) * scale
+            s = items[i]
+            task = s.task
+            layer = task.name.split(".", 1)[0]
+            side = sim.FWD if task.phase is Phase.FWD and layer in fwd_names else sim.BWD
+            effective = (timed.finish[task.name] - timed.start[task.name]) * scale
             routed = -1
             fixed = 0.0
-            if task.op in ROUTED_OPS and t.layer in self.moe:
-                layer_key = (side, int(self.decoder_index[t.layer]))  # type: ignore[arg-type]
+            if task.op in ROUTED_OPS and layer in self.moe:
+                layer_key = (side, int(self.decoder_index[layer]))  # type: ignore[arg-type]
                 routed = routed_index.setdefault(layer_key, len(routed_layers))
                 if routed == len(routed_layers):
                     routed_layers.append(layer_key)
@@ -259,10 +222,10 @@ class SimulationBuilder:
                 fixed = min(fixed * scale, effective)
             kind = task.op.value if task.op in ROUTED_OPS else ("wgrad" if task.phase is Phase.WGRAD else "compute")
             tasks.append(sim.SimTask(
-                name=t.name,
-                stream=sim.COMM if t.resource is Resource.COMM else sim.COMPUTE,
+                name=task.name,
+                stream=sim.COMM if s.stream == Resource.COMM.value else sim.COMPUTE,
                 duration_us=effective,
-                deps=tuple(sorted(position[d] for d in t.deps)),
+                deps=tuple(sorted(position[index[d]] for d in s.deps)),
                 kind=kind,
                 side=side,
                 routed=routed,
@@ -322,11 +285,11 @@ class SimulationBuilder:
 
     def _build(self, ranges: Sequence[Range] | None) -> sim.SimulationInput:
         p = self.parallel
-        ranges = tuple(ranges or self.options.ranges or partition_ranges(self.module))
+        ranges = tuple(ranges or self.options.ranges or partition_ranges(self.view))
         stages = p.virtual_stages
         if len(ranges) != stages:
             raise BuildError(f"{len(ranges)} stage ranges for pp × vpp = {stages} virtual stages")
-        layers = [stage_layers(self.module, s, stages, ranges[s]) for s in range(stages)]
+        layers = [self.view.stage_layers(s, ranges[s]) for s in range(stages)]
         ranks = []
         for r in range(p.pp):
             actions: list[sim.Action] = []
@@ -355,8 +318,8 @@ class SimulationBuilder:
             microbatches=p.microbatches,
             ranks=tuple(ranks),
             decoder_layers=len(self.module.decoder_layers()),
-            p2p_latency_us=float(self.hw.extra.get("p2p_latency_us", self.hw.a2a_latency_us)),  # type: ignore[arg-type]
-            p2p_bytes_per_us=float(self.hw.extra.get("p2p_gbps", self.hw.nic_gbps)) * 1e3,  # type: ignore[arg-type]
+            p2p_latency_us=self._link("p2p_latency_us", self.hw.a2a_latency_us),
+            p2p_bytes_per_us=self._link("p2p_gbps", self.hw.a2a_gbps_inter_node) * 1e3,
             activation_bytes=self._hidden_bytes(),
             grad_reduce_us=self._grad_reduce(layers),
             static_bytes=self._static_bytes(layers),
@@ -366,6 +329,13 @@ class SimulationBuilder:
             tokens_per_iteration=p.microbatches * p.micro_batch_size * p.seq_len * self.dp,
             labels={"model": str(self.module.attrs.get("model", self.module.name)), "hardware": self.hw.name},
         )
+
+    def _link(self, key: str, default: float) -> float:
+        """A link figure of the hardware file (``p2p_gbps``, ``p2p_latency_us``, ``grad_reduce_gbps``)."""
+        value = self.hw.extra.get(key, default)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+            raise BuildError(f"hardware '{self.hw.name}': {key} must be a non-negative number, got {value!r}")
+        return float(value)
 
     def _hidden_bytes(self) -> int:
         p = self.parallel
@@ -377,7 +347,7 @@ class SimulationBuilder:
     def _grad_reduce(self, layers: Sequence[Sequence[Layer]]) -> tuple[tuple[float, ...], ...]:
         p = self.parallel
         expert_dp = max(1, self.dp * p.tp // p.ep)
-        bandwidth = self.hw.nic_gbps * 1e3  # bytes per µs
+        bandwidth = self._link("grad_reduce_gbps", self.hw.a2a_gbps_inter_node) * 1e3  # bytes per µs
 
         def ring(nbytes: float, ranks: int) -> float:
             return 0.0 if ranks <= 1 or nbytes <= 0 else self.hw.a2a_latency_us + (ranks - 1) / ranks * nbytes / bandwidth

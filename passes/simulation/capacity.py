@@ -26,12 +26,15 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from passes.simulation.engine import COMM_KINDS, DboSettings, SimulationResult, simulate
 from passes.simulation.program import SimulationInput
 from passes.simulation.routing import RoutingError, RoutingModel, RoutingSpec
 from runtime.dbo import DboCounters
-from tessera_ir.model import Module
+
+if TYPE_CHECKING:
+    from passes.simulation.build import PlanReader
 
 GIB = 2**30
 KIND_LABELS = {"dispatch": "dispatch", "combine": "combine", "p2p": "pipeline send/recv", "grad_reduce": "gradient reduction"}
@@ -239,17 +242,17 @@ class PlanCapacity:
 
 
 def plan_capacity(
-    module: Module, routing: RoutingSpec, iterations: int = 10, dp: int | None = None, record: bool = False
+    view: PlanReader, routing: RoutingSpec, iterations: int = 10, dp: int | None = None, record: bool = False
 ) -> PlanCapacity:
-    """Simulate the plan of ``module`` with and without the DBO under the same routing draws."""
+    """Simulate the plan ``view`` reads (a ``PlanView``) with and without the DBO under the same routing draws."""
     from passes.simulation.build import BuildOptions, SimulationBuilder
 
     if iterations < 1:
         raise RoutingError(f"the capacity report needs at least one iteration, got {iterations}")
-    static_builder = SimulationBuilder(module, BuildOptions(dp=dp))
+    static_builder = SimulationBuilder(view, BuildOptions(dp=dp))
     static_inp = static_builder.build()
     model = static_builder.routing(routing)
-    dbo_builder = SimulationBuilder(module, BuildOptions(dp=dp, dbo=True))
+    dbo_builder = SimulationBuilder(view, BuildOptions(dp=dp, dbo=True))
     dbo_inp = dbo_builder.build()
     settings = dbo_builder.dbo_settings(dbo_inp)
     static = run_iterations(static_inp, model, iterations, record_first=record)
@@ -258,7 +261,7 @@ def plan_capacity(
     mean = (sum(float(model.imbalance(i)[moe].mean()) for i in range(iterations)) / iterations) if moe else 1.0
     p = static_builder.parallel
     title = (
-        f"{module.attrs.get('model', module.name)} PP={p.pp} VPP={p.vpp} EP={p.ep} TP={p.tp}, {p.microbatches} micro-batches, "
+        f"{view.module.attrs.get('model', view.module.name)} PP={p.pp} VPP={p.vpp} EP={p.ep} TP={p.tp}, {p.microbatches} micro-batches, "
         f"DP={static_builder.dp}"
     )
     report = CapacityReport(title, static_builder.hw.name, routing.describe(), mean, summarize("static plan", static),

@@ -168,3 +168,69 @@ def test_default_pipeline_plans_the_tiny_model_end_to_end(tmp_path: Path, capsys
     code, _, err = run_opt(capsys, str(plan), "--passes=verify", "-o", str(again))
     assert code == 0, err
     assert again.read_bytes() == plan.read_bytes()
+
+
+def test_a_bad_pass_option_fails_before_the_capture(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The source does not even exist: the pipeline is checked first, so that is not what fails.
+    out = tmp_path / "plan.tir"
+    code, _, err = run_compile(capsys, str(tmp_path / "missing.py"), "--passes", "partition{search=nope}", "-o", str(out))
+    assert code == 1
+    assert_one_clean_error(err, "option 'search' of pass 'partition' takes window|global, got 'nope'")
+    assert not out.exists()
+
+
+def test_hardware_flag_is_checked_first_and_written_on_the_module(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_compile(capsys, str(tmp_path / "missing.py"), "--hardware", "h900", "-o", str(tmp_path / "x.tir"))
+    assert code == 1
+    assert_one_clean_error(err, "no hardware description 'h900'", "h100, h200")
+    out = tmp_path / "tiny.tir"
+    code, _, err = run_compile(capsys, TINY, "--passes", "none", "--hardware", "h200", "-o", str(out))
+    assert code == 0, err
+    assert 'hardware = "h200"' in out.read_text().splitlines()[0]
+    # tessera-opt --hardware overrides the module's target.
+    code, printed, err = run_opt(capsys, str(out), "--passes=verify", "--hardware", "h100")
+    assert code == 0, err
+    assert 'hardware = "h100"' in printed.splitlines()[0]
+
+
+def test_a_hardware_file_given_by_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from passes.costs.hardware import HARDWARE_DIR
+
+    spec = json.loads((HARDWARE_DIR / "h100.json").read_text())
+    spec.update(name="slow-h100", hbm_gbps=spec["hbm_gbps"] / 10)
+    path = tmp_path / "slow.json"
+    path.write_text(json.dumps(spec))
+    code, out, err = run_compile(capsys, TINY, "--passes", "none", "--hardware", str(path), "--report")
+    assert code == 0, err
+    assert f"Target hardware: {path}" in out and f"isolated kernels on {path}" in out
+    del spec["efficiency"]
+    path.write_text(json.dumps(spec))
+    code, _, err = run_compile(capsys, TINY, "--passes", "none", "--hardware", str(path), "--report")
+    assert code == 1
+    assert_one_clean_error(err, "hardware description lacks efficiency")
+
+
+def test_list_passes_shows_options_with_types_and_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_opt(capsys, "--list-passes")
+    assert code == 0
+    assert "partition: Pick one candidate per virtual stage" in out
+    assert "  search: window|global = window  -- " in out
+    assert "  memory-gib: float (optional) = unset  -- " in out
+    assert "  scale: float or auto = auto  -- " in out
+    assert "  jobs: int (optional) = unset  -- " in out
+
+
+def test_split_input_file_runs_each_part_and_reports_failures_in_place(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tir = tmp_path / "tiny.tir"
+    assert run_compile(capsys, TINY, "-o", str(tir), "--passes", "none")[0] == 0
+    good = tir.read_text()
+    bad = good.replace("module @tiny_qwen3_next", "module @broken", 1).replace("after(@embed.embedding.fwd)", "after(@nowhere)", 1)
+    both = tmp_path / "both.tir"
+    both.write_text(good + "// -----\n" + bad + "// -----\n" + good)
+    code, out, err = run_opt(capsys, str(both), "--split-input-file", "--passes=verify")
+    assert code == 1
+    assert out == good + "// -----\n" + "// -----\n" + good
+    assert_one_clean_error(err, f"part at line {good.count(chr(10)) + 2}", "@nowhere")
+    written = tmp_path / "out.tir"
+    assert run_opt(capsys, str(both), "--split-input-file", "-o", str(written))[0] == 1
+    assert not written.exists()  # a failed run writes no output file

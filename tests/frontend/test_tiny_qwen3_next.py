@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch.fx
@@ -12,6 +10,8 @@ from capture_cache import ROOT, TINY, captured, tiny_example
 from tessera_ir import FfnKind, MixerKind, Phase, print_module
 from tessera_ir.kinds import WEIGHTED_OPS
 from tessera_ir.verifier import collect_errors
+
+from golden import check_golden
 
 GOLDEN = ROOT / "tests" / "frontend" / "golden" / "tiny_qwen3_next.tir"
 
@@ -30,11 +30,7 @@ def test_layer_kinds_and_header():
 
 
 def test_golden_ir():
-    text = print_module(captured(str(TINY)))
-    if os.environ.get("TESSERA_UPDATE_GOLDEN") == "1":
-        GOLDEN.write_text(text)
-    assert GOLDEN.exists(), "golden file missing: rerun with TESSERA_UPDATE_GOLDEN=1"
-    assert text == GOLDEN.read_text()
+    check_golden(GOLDEN, print_module(captured(str(TINY))))
 
 
 def test_backward_mirrors_forward_in_reverse():

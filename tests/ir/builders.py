@@ -143,7 +143,7 @@ def qwen3_next_like(num_layers: int = 94) -> Module:
     def fields(name: str, op: TaskOp, phase: Phase) -> tuple[dict[str, Any], Attrs]:
         core, _ = default_fields(name, op, phase)
         extra: Attrs = {
-            "cost_us": 123.456789,
+            "duration_us": 123.456789,
             "deadline": 4567.25,
             "note": "measured on h200",
             "profile": [1, 2.5, "bf16"],

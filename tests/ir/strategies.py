@@ -22,7 +22,7 @@ from .builders import DecoderSpec, build_module, layer_ops
 CORE_FIELDS = {"flops", "bytes", "param_bytes", "act_bytes", "shapes", "movable"}
 # Pass attributes with value rules (attributes-legal); random keys avoid them and
 # ``pass_attrs`` adds them with legal values.
-PASS_ATTR_KEYS = {"cost_us", "start", "stream", "deadline"}
+PASS_ATTR_KEYS = {"duration_us", "start", "stream", "deadline"}
 
 _NAME_START = string.ascii_letters + string.digits + "_"
 _NAME_REST = _NAME_START + ".-"
@@ -72,7 +72,7 @@ def pass_attrs(draw: st.DrawFn, stream: str) -> Attrs:
     attrs: Attrs = {}
     non_negative = st.one_of(st.integers(0, 10**6), st.floats(0, 1e9, allow_nan=False, allow_infinity=False))
     if draw(st.booleans()):
-        attrs["cost_us"] = draw(non_negative)
+        attrs["duration_us"] = draw(non_negative)
     if draw(st.booleans()):
         attrs["start"] = draw(non_negative)
     if draw(st.booleans()):

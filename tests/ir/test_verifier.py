@@ -132,14 +132,14 @@ def test_comm_task_with_flops_and_bad_pass_attributes() -> None:
     module = _module()
     tasks = module.task_map()
     tasks["l0.dispatch.fwd"].flops = 10
-    tasks["l0.router.fwd"].attrs.update(cost_us=-1.0, stream="gpu", start=True, deadline=-3)
+    tasks["l0.router.fwd"].attrs.update(duration_us=-1.0, stream="gpu", start=True, deadline=-3)
     tasks["l0.router.fwd"].shapes = [[4, 0]]
     tasks["l0.router.dgrad"].attrs["weird"] = [1.0, float("nan")]
     module.plan.append(PlanOp("pair_schedule", "p", {}, [PlanEntry("l0.router.fwd", {"start": -2})]))
     messages = _errors(module, "attributes-legal")
     expected = [
         "comm tasks compute nothing",
-        "'cost_us' of task '@l0.router.fwd' is -1.0",
+        "'duration_us' of task '@l0.router.fwd' is -1.0",
         "'stream' of task '@l0.router.fwd' is 'gpu'",
         "'start' of task '@l0.router.fwd' is True",
         "'deadline' of task '@l0.router.fwd' is -3",

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from passes.candidates import CandidatesPass, layer_serial_costs, serially_balanced
-from passes.cost_model import load_hardware
-from passes.partition_dp import balanced_partition, meeting_chunks, meeting_stages
+from passes.candidates import CandidatesPass
+from passes.partitioning.ranges import balanced_partition
+from passes.partitioning.stages import serially_balanced
+from passes.pipelining.order import meeting_stages
+from passes.plan_view import PlanView
 from tessera_ir.errors import TesseraError
 from tessera_ir.model import SymbolRef
 from tessera_ir.parallel import ParallelConfig
@@ -66,12 +68,12 @@ def test_candidates_are_contiguous_cover_with_embed_and_head(kinds, pp, vpp):
 def test_window_zero_is_the_serially_balanced_partition():
     kinds = QWEN3_NEXT_PATTERN * 3 + [("linear_attention", "moe")]
     m = run(kinds, 2, 2, window=0)
-    parallel = ParallelConfig.from_attrs(m.attrs)
-    balanced = serially_balanced(m, load_hardware("h100"), parallel)
+    view = PlanView(m)
+    balanced = serially_balanced(m, view.duration, 4)
     by_stage = ranges_by_stage(m)
     assert [[(o.attrs["first"], o.attrs["last"]) for o in by_stage[s]] for s in range(4)] == [[r] for r in balanced]
     # Serially balanced means: no other contiguous split has a lower maximum stage cost.
-    costs = layer_serial_costs(m, load_hardware("h100"), parallel)
+    costs = {layer.name: sum(view.duration(t) for t in layer.tasks) for layer in m.layers}
     per_layer = [costs[f"l{i}"] for i in range(len(kinds))]
     stage_cost = [sum(per_layer[a : b + 1]) for a, b in balanced]
     stage_cost[0] += costs["embed"]
@@ -96,37 +98,25 @@ def test_window_grows_candidate_sets():
     assert sizes[0] == 4 and sizes[0] < sizes[1] < sizes[2]
 
 
-def test_meeting_chunks_interleaved_1f1b():
-    # Device 0 of pp=4, vpp=2 with enough micro-batches meets every combination (see partition_dp's docstring);
-    # the last device is in phase: each chunk only meets itself.
-    assert meeting_chunks(4, 2, 64, 0) == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    assert meeting_chunks(4, 2, 64, 3) == [(0, 0), (1, 1)]
-    assert meeting_chunks(4, 1, 64, 2) == [(0, 0)]
-    # Stages: chunk c of device d is virtual stage d + c*pp.
-    assert meeting_stages(4, 2, 64)[0] == [(0, 0), (0, 4), (4, 0), (4, 4)]
-    # Device 1 warms up with W=8 forwards, a whole number of 2·pp groups: its groups are exactly out of
-    # phase, so each chunk only meets the other one.
-    assert meeting_stages(4, 2, 64)[1] == [(1, 5), (5, 1)]
-
-
 def test_pairs_follow_meetings_and_are_deduplicated():
     m = run(QWEN3_NEXT_PATTERN * 4, 2, 2, window=1, microbatches=16)
     parallel = ParallelConfig.from_attrs(m.attrs)
     meets = meeting_stages(parallel.pp, parallel.vpp, parallel.microbatches)
-    cands = {op.name: op for op in m.plan_ops("candidate")}
+    view = PlanView(m)
     keys = set()
     seen_combos = set()
-    for pair in m.plan_ops("pair"):
-        key = (tuple(r.name for r in pair.attrs["fwd"]), tuple(r.name for r in pair.attrs["bwd"]))
-        assert key not in keys, "pairs with identical layer lists are emitted once"
-        keys.add(key)
-        f, b = cands[pair.attrs["fwd_candidate"].name], cands[pair.attrs["bwd_candidate"].name]
-        assert pair.attrs["fwd"] == f.attrs["layers"] and pair.attrs["bwd"] == b.attrs["layers"]
-        combo = (f.attrs["stage"], b.attrs["stage"])
-        assert combo in meets[pair.attrs["device"]]
+    for pair in view.pairs:
+        assert set(pair.op.attrs) == {"fwd_candidate", "bwd_candidate", "device"}, "a pair names its candidates"
+        assert pair.chunks not in keys, "pairs with identical layer lists are emitted once"
+        keys.add(pair.chunks)
+        f, b = pair.fwd_candidate, pair.bwd_candidate
+        assert f is not None and b is not None
+        assert pair.fwd_layers == f.layers and pair.bwd_layers == b.layers
+        combo = (f.stage, b.stage)
+        assert combo in meets[pair.device]
         if combo[0] == combo[1]:
             assert f is b, "a stage meeting itself pairs a candidate only with itself"
-        seen_combos.add((pair.attrs["device"], combo))
+        seen_combos.add((pair.device, combo))
     assert seen_combos == {(d, c) for d, combos in meets.items() for c in combos}
     # Every needed (forward candidate, backward candidate) combination has a pair with its layer lists.
     by_stage = ranges_by_stage(m)
@@ -135,6 +125,7 @@ def test_pairs_follow_meetings_and_are_deduplicated():
             for a in by_stage[sf]:
                 for b in by_stage[sb] if sf != sb else [a]:
                     assert (tuple(r.name for r in a.attrs["layers"]), tuple(r.name for r in b.attrs["layers"])) in keys
+                    assert view.pair_for(view.candidate(SymbolRef(a.name), "a"), view.candidate(SymbolRef(b.name), "b"))
 
 
 def test_candidates_refuses_too_few_layers_and_reruns():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from passes.manager import PassError, PassManager, parse_pipeline
+from passes.plan_view import PlanView
 from passes.simulation.build import BuildOptions, SimulationBuilder
 from passes.simulation.engine import simulate
 from tessera_ir import parse_module, print_module, verify
@@ -31,7 +32,7 @@ def test_ops_name_compute_waits_tail_weight_gradients_and_every_device() -> None
     for op in pools:
         assert all(tasks[e.ref].movable and e.attrs["deadline_rule"] == "grad_reduce" for e in op.entries)
     assert sorted(op.attrs["device"] for op in devices) == [0, 1]  # type: ignore[type-var]
-    inp = SimulationBuilder(module).build()
+    inp = SimulationBuilder(PlanView(module)).build()
     for op in devices:
         assert len(op.attrs["predicted_us"]) == len(inp.ranks[op.attrs["device"]])  # type: ignore[arg-type, index]
         assert op.attrs["memory_budget_bytes"] == int(0.03 * 80 * 2**30)
@@ -45,8 +46,8 @@ def test_ops_round_trip_through_text() -> None:
 def test_the_simulator_reads_what_the_pass_wrote() -> None:
     annotated = planned(dbo=True)
     plain = planned()
-    from_ir = SimulationBuilder(annotated, BuildOptions(dbo=True))
-    computed = SimulationBuilder(plain, BuildOptions(dbo=True))
+    from_ir = SimulationBuilder(PlanView(annotated), BuildOptions(dbo=True))
+    computed = SimulationBuilder(PlanView(plain), BuildOptions(dbo=True))
     a, b = from_ir.build(), computed.build()
     ra = simulate(a, dbo=from_ir.dbo_settings(a))
     rb = simulate(b, dbo=computed.dbo_settings(b))

@@ -2,14 +2,30 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
 
 import pytest
 
-from passes.manager import PASS_REGISTRY, ModulePass, PassError, PassManager, parse_pipeline
+from passes.manager import (
+    PASS_REGISTRY,
+    ModulePass,
+    PassError,
+    PassManager,
+    describe_options,
+    get_pass_class,
+    note_time,
+    option,
+    parse_pipeline,
+)
 from tessera_ir.model import Module
 
 from synthetic_ir import QWEN3_NEXT_PATTERN, synthetic_module
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -23,6 +39,13 @@ class TagPass(ModulePass):
     enabled: bool = True
     scale: float = 1.0
     corrupt: bool = False
+    mode: Literal["fast", "slow"] = "fast"
+    size: float | Literal["auto"] = "auto"
+    limit: int | None = option(None, "an optional count")
+
+    def check(self) -> None:
+        if self.value < 0:
+            raise PassError(f"test-tag: value must be >= 0, got {self.value}")
 
     def apply(self, module: Module) -> bool:
         module.attrs[f"tag_{self.label}"] = self.value
@@ -49,23 +72,74 @@ def test_parse_pipeline_options_and_types() -> None:
     assert passes[2].spelling() == "test-tag"
 
 
+def test_literal_union_and_optional_options() -> None:
+    (tag,) = parse_pipeline('test-tag{mode=slow, size=0.25 limit=4 label="a b"}')
+    assert isinstance(tag, TagPass)
+    assert (tag.mode, tag.size, tag.limit, tag.label) == ("slow", 0.25, 4, "a b")
+    assert parse_pipeline(tag.spelling()) == [tag]  # the spelling reads back, quotes and all
+    (auto,) = parse_pipeline("test-tag{size=auto}")
+    assert isinstance(auto, TagPass) and auto.size == "auto" and auto.limit is None
+
+
 @pytest.mark.parametrize(
     ("spec", "fragment"),
     [
-        ("nope", "unknown pass 'nope'"),
-        ("test-tag{bogus=1}", "has no option 'bogus'"),
-        ("test-tag{value=abc}", "expects int"),
-        ("test-tag{enabled=maybe}", "expects bool"),
-        ("test-tag{value=1", "unclosed"),
-        ("test-tag{value}", "key=value"),
-        ("verify,,verify", "empty pass name"),
-        ("test-tag{value=1}x", "expected ','"),
+        ("nope", "unknown pass 'nope'; known passes: candidates, dbo-slots, overlap-schedule"),
+        ("test-tag{bogus=1}", "has no option 'bogus'; its options: value, label"),
+        ("test-tag{value=abc}", "option 'value' of pass 'test-tag' takes int, got 'abc'"),
+        ("test-tag{value=1.5}", "takes int, got '1.5'"),
+        ("test-tag{enabled=maybe}", "option 'enabled' of pass 'test-tag' takes bool, got 'maybe'"),
+        ("test-tag{mode=medium}", "option 'mode' of pass 'test-tag' takes fast|slow, got 'medium'"),
+        ("test-tag{size=big}", "option 'size' of pass 'test-tag' takes float or auto, got 'big'"),
+        ("test-tag{limit=lots}", "takes int (optional), got 'lots'"),
+        ("test-tag{value=-1}", "test-tag: value must be >= 0, got -1"),
+        ("test-tag{value=1 value=2}", "sets option 'value' twice"),
+        ("test-tag{value=1", "found the end at column 17, expected ',' or '}' or an option name"),
+        ("test-tag{value}", "found '}' at column 15, expected '='"),
+        ("verify,,verify", "found ',' at column 8, expected a pass name"),
+        ("test-tag{value=1}x", "found 'x' at column 18, expected ','"),
     ],
 )
 def test_bad_pipelines_are_rejected_with_a_reason(spec: str, fragment: str) -> None:
-    with pytest.raises(PassError, match=None) as info:
+    with pytest.raises(PassError) as info:
         parse_pipeline(spec)
     assert fragment in str(info.value)
+
+
+def test_options_are_checked_when_a_pass_is_built_in_python_too() -> None:
+    with pytest.raises(PassError, match="option 'mode' of pass 'test-tag' is 'medium'; it takes fast|slow"):
+        TagPass(mode="medium")  # type: ignore[arg-type]
+    with pytest.raises(PassError, match="option 'limit' of pass 'test-tag' is 'x'; it takes int \\(optional\\)"):
+        TagPass(limit="x")  # type: ignore[arg-type]
+
+
+def test_every_registered_pass_describes_its_options() -> None:
+    for name in PASS_REGISTRY:
+        cls = get_pass_class(name)
+        assert cls.summary
+        for info in describe_options(cls):
+            assert info.type and info.default
+            assert info.help or name == "test-tag", f"option {info.name} of {name} has no help text"
+    shown = {o.name: o for o in describe_options(get_pass_class("partition"))}
+    assert (shown["search"].type, shown["search"].default) == ("window|global", "window")
+    assert (shown["memory-gib"].type, shown["memory-gib"].default) == ("float (optional)", "unset")
+
+
+def test_a_bad_option_fails_before_anything_heavy_is_imported() -> None:
+    # The check runs at parse time and pass modules load no solver, torch or z3 at import.
+    code = (
+        "import sys\n"
+        "from passes.manager import parse_pipeline, PassError\n"
+        "try:\n"
+        "    parse_pipeline('candidates,overlap-schedule,profile,partition{search=nope}')\n"
+        "except PassError as err:\n"
+        "    print(err)\n"
+        "print(sorted(m for m in ('torch', 'pulp', 'z3', 'frontend') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    first, second = done.stdout.splitlines()
+    assert "option 'search' of pass 'partition' takes window|global, got 'nope'" in first
+    assert second == "[]"
 
 
 def test_manager_runs_passes_records_timing_and_dumps() -> None:
@@ -94,3 +168,20 @@ def test_verification_can_be_turned_off() -> None:
     module = synthetic_module(QWEN3_NEXT_PATTERN)
     PassManager(parse_pipeline("test-tag{corrupt=true}"), verify_each=False).run(module)
     assert "no.such.task" in module.layers[1].tasks[0].deps
+
+
+def test_parts_a_pass_times_go_to_the_timings_not_the_module() -> None:
+    @dataclass(frozen=True)
+    class Timed(ModulePass):
+        name = "timed"
+        summary = "test only"
+
+        def apply(self, module: Module) -> bool:
+            note_time("inner work", 0.25)
+            return False
+
+    module = synthetic_module(QWEN3_NEXT_PATTERN)
+    manager = PassManager([Timed()])
+    manager.run(module)
+    assert manager.timings[0].parts == [("inner work", 0.25)]
+    note_time("outside any pass", 1.0)  # ignored, not an error

@@ -7,30 +7,17 @@ import random
 import pytest
 
 from passes.candidates import CandidatesPass
-from passes.memory_model import inflight_vectors
-from passes.partition import (
-    MemoryInfeasibleError,
-    PartitionPass,
-    expand_megatron_layout,
-    global_problem,
-    megatron_layout,
-    parse_megatron_layout,
-    partition_to_json,
-    prune,
-    solve,
-    solve_global,
-    solve_milp,
-)
-from passes.partition_dp import (
-    MemorySpec,
-    PartitionProblem,
-    all_candidates,
-    balanced_partition,
-    check_cover,
-    meeting_stages,
-    solve_dp,
-    window_candidates,
-)
+from passes.partition import PartitionPass, partition_to_json
+from passes.partitioning.dp import solve_dp
+from passes.partitioning.megatron import expand_megatron_layout, megatron_layout, parse_megatron_layout
+from passes.partitioning.memory import MemorySpec, inflight_vectors
+from passes.partitioning.milp import solve_milp
+from passes.partitioning.problem import MemoryInfeasibleError, PartitionProblem
+from passes.partitioning.pruning import prune
+from passes.partitioning.ranges import all_candidates, balanced_partition, check_cover, window_candidates
+from passes.partitioning.search import global_problem, solve, solve_global
+from passes.pipelining.order import meeting_stages
+from passes.plan_view import PlanView
 from tessera_ir.errors import TesseraError
 from tessera_ir.model import SymbolRef
 from tessera_ir.parallel import ParallelConfig
@@ -247,14 +234,15 @@ def test_partition_pass_follows_profiled_pair_costs():
     balanced = [c for c in m.plan_ops("candidate") if c.attrs["stage"] == 0 and c.attrs["last"] == 3]
     assert balanced, "the balanced first stage holds layers 0..3"
     bad = {SymbolRef(balanced[0].name)}
-    for pair in m.plan_ops("pair"):
-        size = len(pair.attrs["fwd"]) + len(pair.attrs["bwd"])
-        pair.attrs["cost_us"] = 1000.0 * size + (10**6 if {pair.attrs["fwd_candidate"], pair.attrs["bwd_candidate"]} & bad else 0)
+    for pair in PlanView(m).pairs:
+        size = len(pair.fwd_layers) + len(pair.bwd_layers)
+        refs = {pair.op.attrs["fwd_candidate"], pair.op.attrs["bwd_candidate"]}
+        pair.op.attrs["post_overlap_us"] = 1000.0 * size + (10**6 if refs & bad else 0)
     PartitionPass().apply(m)
     (op,) = m.plan_ops("partition")
     assert op.attrs["stages"][0] != SymbolRef(balanced[0].name)
     assert op.attrs["bottleneck_us"] < 10**6
-    assert op.attrs["cost_sources"] == ["cost_us"]
+    assert op.attrs["cost_sources"] == ["post_overlap_us"]
 
 
 def test_partition_pass_global_reports_both_bottlenecks():
@@ -280,16 +268,15 @@ def test_partition_pass_refuses_missing_candidates():
 
 @pytest.mark.slow
 def test_pipeline_with_overlap_schedule_and_profile():
-    # The real costing passes feed the partition: every pair gets cost_us and the partition reads it.
+    # The real costing passes feed the partition: every pair gets post_overlap_us and the partition reads it.
     from passes.manager import PassManager, parse_pipeline
 
     m = synthetic_module(QWEN3_NEXT_PATTERN * 2, parallel=ParallelConfig(pp=2, vpp=1, ep=8, microbatches=4))
     PassManager(parse_pipeline("candidates{window=1},overlap-schedule,profile{mode=analytic},partition")).run(m)
     (op,) = m.plan_ops("partition")
-    assert op.attrs["cost_sources"] == ["cost_us"]
+    assert op.attrs["cost_sources"] == ["post_overlap_us"]
     assert op.attrs["bottleneck_us"] <= op.attrs["balanced_bottleneck_us"] * (1 + 1e-9)
-    costs = {(tuple(r.name for r in p.attrs["fwd"]), tuple(r.name for r in p.attrs["bwd"])): p.attrs["cost_us"]
-             for p in m.plan_ops("pair")}
+    costs = {p.chunks: p.post_overlap_us for p in PlanView(m).pairs}
     cands = {c.name: c for c in m.plan_ops("candidate")}
     chosen = [cands[r.name].attrs["layers"] for r in op.attrs["stages"]]
     worst = max(costs[(tuple(x.name for x in c), tuple(x.name for x in c))] for c in chosen)

@@ -5,20 +5,26 @@ from __future__ import annotations
 import json
 import os
 import statistics
+from typing import Any
 
 import pytest
 
 import runtime.pair_executor as pair_executor
-from passes.calibrate_cpu import calibration_path, cpu_hardware
-from passes.contention import ContentionParams, retime
-from passes.cost_model import HARDWARE_DIR, load_hardware, task_duration_us
+from passes.costs.calibrate_cpu import cpu_hardware
+from passes.costs.calibration_cache import calibration_path
+from passes.costs.contention import ContentionParams, retime
+from passes.costs.durations import task_duration_us
+from passes.costs.execution import signature
+from passes.costs.hardware import HARDWARE_DIR, load_hardware
+from passes.costs.pair_costs import analytic_cost, contended_tasks, retime_key
+from passes.costs.profile_cache import CacheEntry, ProfileCache, cache_key, software_versions
 from passes.manager import PassError, PassManager, parse_pipeline
-from passes.pair_dag import PairDAG
-from passes.profile import ProfileError, ProfilePass, contended_tasks, pair_dag, scheduled_tasks, signature
-from passes.profile_cache import CacheEntry, ProfileCache, cache_key, software_versions
+from passes.plan_view import PlanError, PlanView
+from passes.profile import ProfileError, ProfilePass
+from passes.scheduling.pair_dag import PairDAG
 from runtime.pair_executor import ExecTask, PairMeasurement
 from tessera_ir.kinds import Resource
-from tessera_ir.model import Module, PlanEntry, PlanOp, SymbolRef
+from tessera_ir.model import Module, PlanEntry, PlanOp, SymbolRef, Value
 from tessera_ir.parallel import ParallelConfig
 
 from synthetic_ir import synthetic_module
@@ -27,7 +33,7 @@ KINDS = [("linear_attention", "moe"), ("attention", "moe"), ("linear_attention",
 H100 = load_hardware("h100")
 
 
-def refs(*names: str) -> list[SymbolRef]:
+def refs(*names: str) -> list[Value]:
     return [SymbolRef(n) for n in names]
 
 
@@ -44,11 +50,18 @@ def list_schedule(dag: PairDAG) -> list[float]:
     return starts
 
 
+def pair_dag(module: Module, op: PlanOp) -> PairDAG:
+    """The DAG of pair ``op`` with isolated durations on the module's target (h100 unless set)."""
+    view = PlanView(module)
+    return view.pair_dag(view.pair(op.name))
+
+
 def add_pair(module: Module, name: str, fwd: list[str], bwd: list[str], with_schedule: bool = True) -> PlanOp:
     op = PlanOp("pair", name, {"fwd": refs(*fwd), "bwd": refs(*bwd)})
     if with_schedule:
-        parallel = ParallelConfig.from_attrs(module.attrs)
-        dag = pair_dag(module, op, H100, parallel)
+        module.plan.append(op)
+        dag = pair_dag(module, op)
+        module.plan.remove(op)
         starts = list_schedule(dag)
         sched = PlanOp("pair_schedule", f"sched.{name}", {"method": "list"})
         orders = {Resource.COMPUTE: 0, Resource.COMM: 0}
@@ -76,19 +89,19 @@ def module_with_pairs(with_schedule: bool = True) -> Module:
 
 def test_analytic_cost_is_the_schedule_retimed_under_contention():
     m = module_with_pairs()
-    PassManager(parse_pipeline("profile{mode=analytic hardware=h100}")).run(m)
+    PassManager(parse_pipeline("profile{mode=analytic}")).run(m)
     parallel = ParallelConfig.from_attrs(m.attrs)
     tasks = m.task_map()
     for op in m.plan_ops("pair"):
         assert op.attrs["cost_source"] == "analytic"
-        dag = pair_dag(m, op, H100, parallel)
+        dag = pair_dag(m, op)
         assert op.attrs["serial_us"] == pytest.approx(sum(task_duration_us(tasks[t.name], H100, parallel) for t in dag.tasks))
         # The hand-written list schedule re-timed without contention is that schedule's makespan.
         sched = next(p for p in m.plan_ops("pair_schedule") if p.name == op.attrs["schedule"].name)
         assert op.attrs["overlap_us"] == pytest.approx(max(e.attrs["start"] + e.attrs["duration"] for e in sched.entries))
         # Contention costs something, overlap still saves something.
-        assert op.attrs["overlap_us"] < op.attrs["cost_us"] < op.attrs["serial_us"]
-        assert op.attrs["cost_us"] >= dag.lower_bound()
+        assert op.attrs["overlap_us"] < op.attrs["post_overlap_us"] < op.attrs["serial_us"]
+        assert op.attrs["post_overlap_us"] >= dag.lower_bound()
     assert m.attrs["profile_mode"] == "analytic" and m.attrs["profile_pairs"] == 2
 
 
@@ -100,12 +113,12 @@ def test_schedules_from_the_overlap_schedule_pass_are_costed_pair_by_pair():
     run(m, "overlap-schedule,profile")
     ops = {op.name: op for op in m.plan_ops("pair")}
     assert ops["pair.0"].attrs["schedule"] == ops["pair.2"].attrs["schedule"]
-    assert ops["pair.0"].attrs["cost_us"] == pytest.approx(ops["pair.2"].attrs["cost_us"])
+    assert ops["pair.0"].attrs["post_overlap_us"] == pytest.approx(ops["pair.2"].attrs["post_overlap_us"])
     for op in ops.values():
         # Without contention the re-timed schedule is at most the scheduler's makespan
         # (streams start every task as early as order and dependencies allow).
         assert op.attrs["overlap_us"] <= op.attrs["makespan"] + 1e-6
-        assert op.attrs["overlap_us"] <= op.attrs["cost_us"] <= op.attrs["serial_us"]
+        assert op.attrs["overlap_us"] <= op.attrs["post_overlap_us"] <= op.attrs["serial_us"]
 
 
 def test_a_pair_that_cannot_overlap_costs_its_serial_time():
@@ -115,36 +128,36 @@ def test_a_pair_that_cannot_overlap_costs_its_serial_time():
     add_pair(m, "pair.0", ["l0"], [])
     ProfilePass().apply(m)
     op = m.plan_ops("pair")[0]
-    assert op.attrs["cost_us"] == pytest.approx(op.attrs["serial_us"])
+    assert op.attrs["post_overlap_us"] == pytest.approx(op.attrs["serial_us"])
 
 
 def test_faster_memory_never_costs_more():
     a, b = module_with_pairs(), module_with_pairs()
-    ProfilePass(hardware="h100").apply(a)
-    ProfilePass(hardware="h200").apply(b)
+    b.attrs["hardware"] = "h200"  # the target, as tessera-compile --hardware h200 writes it
+    ProfilePass().apply(a)
+    ProfilePass().apply(b)
     for pa, pb in zip(a.plan_ops("pair"), b.plan_ops("pair")):
-        assert pb.attrs["cost_us"] <= pa.attrs["cost_us"]
-        assert pb.attrs["profile_hardware"] == "h200"
+        assert pb.attrs["post_overlap_us"] <= pa.attrs["post_overlap_us"]
+    assert a.attrs["profile_hardware"] == "h100" and b.attrs["profile_hardware"] == "h200"
 
 
 def test_pairs_without_a_schedule_are_scheduled_with_gap_fit():
     m = module_with_pairs(with_schedule=False)
     ProfilePass().apply(m)
-    parallel = ParallelConfig.from_attrs(m.attrs)
     for op in m.plan_ops("pair"):
-        assert op.attrs["cost_us"] >= pair_dag(m, op, H100, parallel).lower_bound() - 1e-6
-        assert op.attrs["overlap_us"] <= op.attrs["cost_us"] <= op.attrs["serial_us"]
+        assert op.attrs["post_overlap_us"] >= pair_dag(m, op).lower_bound() - 1e-6
+        assert op.attrs["overlap_us"] <= op.attrs["post_overlap_us"] <= op.attrs["serial_us"]
 
 
 def test_stream_order_from_the_schedule_is_what_gets_costed():
     m = module_with_pairs()
     op = m.plan_ops("pair")[1]
-    parallel = ParallelConfig.from_attrs(m.attrs)
-    items = scheduled_tasks(m, op, H100, parallel)
+    view = PlanView(m)
+    items = view.scheduled_tasks(view.pair(op.name))
     sched = next(p for p in m.plan_ops("pair_schedule") if p.name == op.attrs["schedule"].name)
     want = {e.ref: e.attrs["order"] for e in sched.entries}
     assert {s.task.name: s.order for s in items} == want
-    contended = contended_tasks(items, H100, parallel)
+    contended = contended_tasks(items, view.duration, view.utilisation)
     assert retime(contended, ContentionParams.none()).makespan <= sum(t.duration for t in contended)
 
 
@@ -152,19 +165,24 @@ def test_a_schedule_that_does_not_fit_its_pair_is_an_error():
     m = module_with_pairs()
     sched = m.plan_ops("pair_schedule")[0]
     sched.entries.pop()
-    with pytest.raises(ProfileError, match="does not fit pair @pair.0"):
+    with pytest.raises(PlanError, match="does not fit pair @pair.0"):
         ProfilePass().apply(m)
     m.plan_ops("pair")[1].attrs["schedule"] = SymbolRef("nowhere")
     m.plan = [p for p in m.plan if p.name != sched.name and p.name != "pair.0"]
-    with pytest.raises(ProfileError, match="no pair_schedule @nowhere"):
+    with pytest.raises(PlanError, match="no pair_schedule @nowhere"):
         ProfilePass().apply(m)
 
 
-def test_bad_options_are_refused():
-    with pytest.raises(PassError, match="mode 'fast'"):
-        ProfilePass(mode="fast").apply(module_with_pairs())
-    with pytest.raises(PassError, match="scale"):
-        ProfilePass(mode="measured", scale="huge")._scale({}, H100, ParallelConfig())
+def test_bad_options_are_refused_when_the_pipeline_is_parsed():
+    with pytest.raises(PassError, match="option 'mode' of pass 'profile' takes analytic|measured|cache-only, got 'fast'"):
+        parse_pipeline("profile{mode=fast}")
+    with pytest.raises(PassError, match="option 'scale' of pass 'profile' takes float or auto, got 'huge'"):
+        parse_pipeline("profile{scale=huge}")
+    with pytest.raises(PassError, match=r"scale must lie in \(0, 1\]"):
+        parse_pipeline("profile{scale=2}")
+    with pytest.raises(PassError, match="repeats must be at least 1"):
+        ProfilePass(repeats=0)
+    assert parse_pipeline("profile{scale=0.5 exec-dtype=module}")[0] == ProfilePass(scale=0.5, exec_dtype="module")
 
 
 # ---------------------------------------------------------------------------
@@ -172,7 +190,7 @@ def test_bad_options_are_refused():
 
 
 def entry(key: str, **kw: object) -> CacheEntry:
-    data = dict(key=key, measured_us=100.0, samples_us=[90.0, 100.0, 130.0], spread_us=40.0, repeats=3,
+    data: dict[str, Any] = dict(key=key, measured_us=100.0, samples_us=[90.0, 100.0, 130.0], spread_us=40.0, repeats=3,
                 device="cpu:test", versions={"torch": "x"}, signature=[1], method="by hand")
     data.update(kw)
     return CacheEntry(**data)
@@ -273,7 +291,7 @@ def test_measured_pairs_record_prediction_error_and_summary(counting):
     errors = []
     for op in m.plan_ops("pair"):
         a = op.attrs
-        assert a["cost_source"] == "measured" and a["cost_us"] == a["measured_us"] > 0
+        assert a["cost_source"] == "measured" and a["post_overlap_us"] == a["measured_us"] > 0
         assert a["predicted_us"] > 0 and a["spread_us"] >= 0 and a["profile_repeats"] == 3
         assert a["predicted_error"] == pytest.approx((a["predicted_us"] - a["measured_us"]) / a["measured_us"])
         errors.append(abs(a["predicted_error"]))
@@ -289,7 +307,7 @@ def test_second_run_uses_the_cache_and_a_killed_run_resumes(counting):
     second = run(module_with_pairs(), spec)
     assert len(CountingExecutor.calls) == 2  # nothing executed again
     assert [op.attrs["cost_source"] for op in second.plan_ops("pair")] == ["cache", "cache"]
-    assert [op.attrs["cost_us"] for op in second.plan_ops("pair")] == [op.attrs["cost_us"] for op in first.plan_ops("pair")]
+    assert [op.attrs["post_overlap_us"] for op in second.plan_ops("pair")] == [op.attrs["post_overlap_us"] for op in first.plan_ops("pair")]
     # Simulate a run killed while writing its second entry: one entry gone, a stray
     # temporary file left. The rerun measures only the missing pair.
     cache = ProfileCache(counting)
@@ -308,7 +326,7 @@ def test_identical_pairs_are_measured_once(counting):
     add_pair(m, "pair.2", ["l2"], ["l1"])  # same kinds and work as pair.0 (l0/l2, l1/l3 alike)
     run(m, f"profile{{mode=measured repeats=1 cache-dir={counting} scale=0.001}}")
     assert len(CountingExecutor.calls) == 2
-    costs = {op.name: op.attrs["cost_us"] for op in m.plan_ops("pair")}
+    costs = {op.name: op.attrs["post_overlap_us"] for op in m.plan_ops("pair")}
     assert costs["pair.0"] == costs["pair.2"]
 
 
@@ -373,11 +391,11 @@ def test_measured_profile_executes_pairs_for_real(calibrated):
     run(m, f"profile{{mode=measured repeats=2 cache-dir={root} target-ms=3}}")
     op = m.plan_ops("pair")[0]
     assert op.attrs["cost_source"] == "measured" and op.attrs["measured_us"] > 0 and op.attrs["spread_us"] >= 0
-    assert op.attrs["profile_hardware"] == "cpu" and "gloo" in m.attrs["profile_device"]
+    assert m.attrs["profile_hardware"] == "cpu" and "gloo" in m.attrs["profile_device"]
     again = synthetic_module(KINDS[:2], gemm_flops=10**9, mixer_flops=10**9, a2a_bytes=2 * 10**6, parallel=ParallelConfig(ep=2))
     add_pair(again, "pair.0", ["l0"], ["l1"])
     run(again, f"profile{{mode=cache-only cache-dir={root} target-ms=3}}")
-    assert again.plan_ops("pair")[0].attrs["cost_us"] == op.attrs["cost_us"]
+    assert again.plan_ops("pair")[0].attrs["post_overlap_us"] == op.attrs["post_overlap_us"]
 
 
 def test_a_rerun_replaces_the_other_modes_figures_and_the_ir_round_trips(counting):
@@ -397,30 +415,28 @@ def test_a_rerun_replaces_the_other_modes_figures_and_the_ir_round_trips(countin
 def test_pairs_sharing_a_retiming_get_exactly_their_own_figures():
     # The pass re-times each distinct (name-free) input once and copies the result; every
     # pair must get exactly what re-timing it alone gives.
-    from passes.profile import analytic_cost, retime_key
-
     m = synthetic_module(KINDS * 2, gemm_flops=10**12, a2a_bytes=2 * 10**8, parallel=ParallelConfig(ep=8))
     for k, (f, b) in enumerate([(["l0"], ["l1"]), (["l2"], ["l3"]), (["l4"], ["l5"]), (["l0", "l1"], ["l6"]),
                                 (["l4", "l5"], ["l2"]), (["embed", "l0"], ["l7", "head"]), ([], ["l3"])]):
         m.plan.append(PlanOp("pair", f"pair.{k}", {"fwd": refs(*f), "bwd": refs(*b)}))
     run(m, "overlap-schedule,profile")
-    parallel = ParallelConfig.from_attrs(m.attrs)
+    view = PlanView(m)
+    contention = ContentionParams.from_hardware(H100, view.parallel.ep)
     keys = set()
     for op in m.plan_ops("pair"):
-        items = scheduled_tasks(m, op, H100, parallel)
-        contended, free = analytic_cost(items, H100, parallel)
-        assert op.attrs["cost_us"] == contended.makespan
+        tasks = contended_tasks(view.scheduled_tasks(view.pair(op.name)), view.duration, view.utilisation)
+        contended, free = analytic_cost(tasks, contention)
+        assert op.attrs["post_overlap_us"] == contended.makespan
         assert op.attrs["serial_us"] == contended.isolated_sum
         assert op.attrs["overlap_us"] == free.makespan
-        keys.add(retime_key(contended_tasks(items, H100, parallel)))
+        keys.add(retime_key(tasks))
     assert len(keys) < len(m.plan_ops("pair"))  # some pairs did share
 
 
 def test_retime_key_ignores_names_but_not_order_or_work():
     from dataclasses import replace
 
-    from passes.contention import ContendedTask
-    from passes.profile import retime_key
+    from passes.costs.contention import ContendedTask
 
     tasks = [ContendedTask("a", "compute", 5.0, 0), ContendedTask("b", "comm", 3.0, 0, ("a",)),
              ContendedTask("c", "compute", 2.0, 1, ("b",), 0.5, 1.0)]
@@ -433,8 +449,7 @@ def test_retime_key_ignores_names_but_not_order_or_work():
 
 
 def test_retime_key_refuses_lists_that_retime_refuses():
-    from passes.contention import ContendedTask
-    from passes.profile import retime_key
+    from passes.costs.contention import ContendedTask
 
     assert retime_key([ContendedTask("a", "compute", 1.0, 0), ContendedTask("a", "comm", 1.0, 0)]) is None
     assert retime_key([ContendedTask("a", "compute", 1.0, 0, ("ghost",))]) is None

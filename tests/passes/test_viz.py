@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from passes.manager import PassManager, parse_pipeline
-from passes.overlap_schedule import schedule_from_plan
+from passes.plan_view import PlanView
 from tessera import viz
 from tessera_ir.model import Module, PlanOp, SymbolRef
 from tessera_ir.parallel import ParallelConfig
@@ -30,7 +30,7 @@ def scheduled_module() -> Module:
 
 
 def test_schedule_dot_has_two_lanes_boxes_and_edges() -> None:
-    sched = schedule_from_plan(scheduled_module(), "pair.0")
+    sched = PlanView(scheduled_module()).schedule("pair.0")
     src = viz.schedule_dot(sched, "pair.0")
     assert src.startswith('digraph "schedule pair.0" {') and src.rstrip().endswith("}")
     assert "lane_compute" in src and "lane_comm" in src
@@ -50,14 +50,14 @@ def test_schedule_dot_has_two_lanes_boxes_and_edges() -> None:
 
 
 def test_dag_dot_has_both_sides() -> None:
-    sched = schedule_from_plan(scheduled_module(), "pair.0")
+    sched = PlanView(scheduled_module()).schedule("pair.0")
     src = viz.dag_dot(sched.dag, "pair.0")
     assert "cluster_fwd" in src and "cluster_bwd" in src and "nslimit" in src
     assert src.count(" -> ") == sum(len(t.deps) for t in sched.dag.tasks)
 
 
 def test_trace_json_is_well_formed() -> None:
-    sched = schedule_from_plan(scheduled_module(), "pair.0")
+    sched = PlanView(scheduled_module()).schedule("pair.0")
     trace = json.loads(json.dumps(viz.trace_json(sched)))
     events = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     assert len(events) == len(sched.dag.tasks)

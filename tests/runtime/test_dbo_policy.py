@@ -106,7 +106,7 @@ def test_load_imbalance_groups_experts_contiguously() -> None:
 def test_the_policy_imports_only_the_standard_library() -> None:
     tree = ast.parse(inspect.getsource(dbo_module))
     imported = {
-        (node.module if isinstance(node, ast.ImportFrom) else alias.name).split(".")[0]
+        ((node.module or "") if isinstance(node, ast.ImportFrom) else alias.name).split(".")[0]
         for node in ast.walk(tree)
         if isinstance(node, (ast.Import, ast.ImportFrom))
         for alias in node.names

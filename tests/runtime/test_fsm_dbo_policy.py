@@ -9,6 +9,8 @@ must take the same actions and count the same as the policy does.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -85,7 +87,7 @@ def test_cpp_fsm_takes_the_dbo_policys_decisions(plan_seed: int, drive_seed: int
     rank = drive_seed % runtime.bytecode.decode(data).plan.pp
     native = runtime.load_plan(data, rank=rank)
     ref = reference.load_plan(data, rank=rank)
-    options = {"memory_budget_bytes": budget, "min_slot_us": min_slot_us}
+    options: dict[str, Any] = {"memory_budget_bytes": budget, "min_slot_us": min_slot_us}
     a, ca = drive(runtime.FSM(native, **options), native, drive_seed)
     b, cb = drive(PolicyFSM(ref, **options), ref, drive_seed)
     assert a == b

@@ -9,6 +9,8 @@ every counter must agree (the observed idle time is wall-clock and differs).
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,7 +21,7 @@ from runtime.reference import CLOCK_COUNTERS
 from program_gen import drive, generate_bytes
 
 
-def run_both(data: bytes, rank: int, seed: int, **options: object) -> tuple[list, dict]:
+def run_both(data: bytes, rank: int, seed: int, **options: Any) -> tuple[list, dict]:
     native = runtime.load_plan(data, rank=rank)
     ref = reference.load_plan(data, rank=rank)
     a, ca = drive(runtime.FSM(native, **options), native, seed)

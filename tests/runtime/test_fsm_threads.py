@@ -14,6 +14,7 @@ import queue
 import random
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -103,6 +104,8 @@ def test_training_and_monitor_threads_run_every_task_once_in_order(interpreter: 
         data = generate_bytes(seed, max_pp=2, max_mb=4)
         pp = runtime.bytecode.decode(data).plan.pp
         for rank in range(pp):
+            program: Any
+            fsm: Any
             if interpreter == "cpp":
                 program = runtime.load_plan(data, rank=rank)
                 fsm = runtime.FSM(program)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from passes.pipelining.order import rank_order
 from passes.simulation.program import BWD, COMM, COMPUTE, FWD, Action, Program, SimTask, SimulationInput, SlotAnnotation
-
-from megatron_order import rank_order, warmup
 
 
 def textbook_input(pp: int, vpp: int, microbatches: int, tf: float = 1.0, tb: float = 2.0) -> SimulationInput:
@@ -16,8 +15,8 @@ def textbook_input(pp: int, vpp: int, microbatches: int, tf: float = 1.0, tb: fl
     ranks = []
     for r in range(pp):
         ranks.append(tuple(
-            Action(fwd, fwd=(s, mb)) if kind == "F" else Action(bwd, bwd=(s, mb))
-            for kind, s, mb in rank_order(pp, vpp, microbatches, r)
+            Action(fwd, fwd=(a.stage(r, pp), a.microbatch)) if a.direction == "fwd" else Action(bwd, bwd=(a.stage(r, pp), a.microbatch))
+            for a in rank_order(pp, vpp, microbatches, r)
         ))
     return SimulationInput(pp, vpp, microbatches, tuple(ranks), decoder_layers=1)
 
@@ -100,20 +99,24 @@ def moe_input(
 
     ranks = []
     for r in range(pp):
+        acts: list[Action] = []
         items = rank_order(pp, vpp, microbatches, r, combined)
-        warm = warmup(pp, vpp, microbatches, r, combined)
-        acts = [Action(program(s, None), fwd=(s, mb)) for _, s, mb in items[:warm]]
-        rest = items[warm:]
-        steps = microbatches * vpp - warm
-        for k in range(steps):
-            f, b = rest[2 * k], rest[2 * k + 1]
-            if (f[1], f[2]) == (b[1], b[2]):  # a backward cannot overlap its own forward
-                acts.append(Action(program(f[1], None), fwd=(f[1], f[2])))
-                acts.append(Action(program(None, b[1]), bwd=(b[1], b[2])))
+        k = 0
+        while k < len(items):
+            a = items[k]
+            s = a.stage(r, pp)
+            if a.direction == "fwd" and a.paired_with is not None:
+                b = items[k + 1]
+                bs = b.stage(r, pp)
+                if (s, a.microbatch) != (bs, b.microbatch):  # a backward cannot overlap its own forward
+                    acts.append(Action(program(s, bs), fwd=(s, a.microbatch), bwd=(bs, b.microbatch)))
+                    k += 2
+                    continue
+            if a.direction == "fwd":
+                acts.append(Action(program(s, None), fwd=(s, a.microbatch)))
             else:
-                acts.append(Action(program(f[1], b[1]), fwd=(f[1], f[2]), bwd=(b[1], b[2])))
-        for _, s, mb in rest[2 * steps:]:
-            acts.append(Action(program(None, s), bwd=(s, mb)))
+                acts.append(Action(program(None, s), bwd=(s, a.microbatch)))
+            k += 1
         ranks.append(tuple(acts))
     recv = tuple(tuple(10.0 for _ in acts) for acts in ranks) if recv_predicted else ()
     return SimulationInput(

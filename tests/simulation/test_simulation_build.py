@@ -5,18 +5,18 @@ from __future__ import annotations
 import pytest
 
 from passes.pipelining.order import rank_order
+from passes.plan_view import PlanView
 from passes.simulation.build import BuildError, BuildOptions, SimulationBuilder, even_ranges, partition_ranges
 from passes.simulation.engine import simulate
 from passes.simulation.program import BWD, COMM
 from passes.simulation.slots import static_timeline
-from tessera_ir.model import SymbolRef
 
 from planned_modules import planned
 
 
 def test_every_rank_runs_the_combined_1f1b_order() -> None:
     module = planned()
-    builder = SimulationBuilder(module)
+    builder = SimulationBuilder(PlanView(module))
     inp = builder.build()
     p = builder.parallel
     for r, actions in enumerate(inp.ranks):
@@ -34,12 +34,9 @@ def test_every_rank_runs_the_combined_1f1b_order() -> None:
 
 def test_a_scheduled_pair_runs_alone_in_its_post_overlap_cost() -> None:
     module = planned()
-    builder = SimulationBuilder(module)
+    builder = SimulationBuilder(PlanView(module))
     builder.build()
-    costs = {}
-    for op in module.plan_ops("pair"):
-        key = tuple(tuple(r.name for r in op.attrs[side] if isinstance(r, SymbolRef)) for side in ("fwd", "bwd"))  # type: ignore[union-attr]
-        costs[key] = float(op.attrs["cost_us"])  # type: ignore[arg-type]
+    costs = {pair.chunks: pair.post_overlap_us for pair in PlanView(module).pairs}
     checked = 0
     for key, program in builder.programs.items():
         if builder.sources.get(key) is not None:
@@ -49,7 +46,7 @@ def test_a_scheduled_pair_runs_alone_in_its_post_overlap_cost() -> None:
 
 
 def test_routed_tasks_are_the_moe_all_to_alls_and_expert_gemms() -> None:
-    builder = SimulationBuilder(planned())
+    builder = SimulationBuilder(PlanView(planned()))
     builder.build()
     for program in builder.programs.values():
         for t in program.tasks:
@@ -64,8 +61,8 @@ def test_routed_tasks_are_the_moe_all_to_alls_and_expert_gemms() -> None:
 
 def test_transfers_reductions_memory_and_flops() -> None:
     module = planned()
-    one = SimulationBuilder(module, BuildOptions(dp=1)).build()
-    many = SimulationBuilder(module, BuildOptions(dp=8)).build()
+    one = SimulationBuilder(PlanView(module), BuildOptions(dp=1)).build()
+    many = SimulationBuilder(PlanView(module), BuildOptions(dp=8)).build()
     assert one.activation_bytes == 4096 * 1024 * 2  # seq_len × hidden × bf16
     assert all(x == 0.0 for row in one.grad_reduce_us for x in row)  # nothing to reduce without data parallelism
     assert all(x > 0.0 for row in many.grad_reduce_us for x in row)
@@ -78,20 +75,20 @@ def test_transfers_reductions_memory_and_flops() -> None:
 def test_other_partitions_and_schedulers() -> None:
     module = planned(groups=2, pp=2, vpp=2)
     assert even_ranges(module, 4) == ((0, 1), (2, 3), (4, 5), (6, 7))
-    plan = simulate(SimulationBuilder(module).build()).iteration_us
+    plan = simulate(SimulationBuilder(PlanView(module)).build()).iteration_us
     for method in ("gap-fit", "fixed-template", "serial"):
-        builder = SimulationBuilder(module, BuildOptions(method=method, ranges=even_ranges(module, 4)))
+        builder = SimulationBuilder(PlanView(module), BuildOptions(method=method, ranges=even_ranges(module, 4)))
         assert simulate(builder.build()).iteration_us > 0
-    serial = simulate(SimulationBuilder(module, BuildOptions(method="serial")).build()).iteration_us
+    serial = simulate(SimulationBuilder(PlanView(module), BuildOptions(method="serial")).build()).iteration_us
     assert serial > plan
     with pytest.raises(BuildError, match="unknown schedule method"):
-        SimulationBuilder(module, BuildOptions(method="magic"))
+        SimulationBuilder(PlanView(module), BuildOptions(method="magic"))
     with pytest.raises(BuildError, match="3 stage ranges"):
-        SimulationBuilder(module).build(((0, 1), (2, 3), (4, 7)))
+        SimulationBuilder(PlanView(module)).build(((0, 1), (2, 3), (4, 7)))
 
 
 def test_a_module_without_partition_is_refused() -> None:
     module = planned()
     module.plan = [op for op in module.plan if op.op != "partition"]
     with pytest.raises(BuildError, match="no partition"):
-        partition_ranges(module)
+        partition_ranges(PlanView(module))

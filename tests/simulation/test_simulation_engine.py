@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from passes.pipelining.order import rank_order
 from passes.simulation.engine import LANES, DboSettings, simulate
 from passes.simulation.program import COMPUTE, FWD, Action, Program, SimTask, SimulationInput, SimulationInputError
 
-from megatron_order import rank_order
 from sim_builders import moe_input, moe_program, textbook_input
 
 
@@ -81,8 +81,10 @@ def test_lone_action_takes_its_program_makespan() -> None:
 def test_p2p_latency_and_bandwidth_delay_the_next_stage() -> None:
     fwd = Program("F", (SimTask("f", COMPUTE, 10.0, side=FWD),))
     bwd = Program("B", (SimTask("b", COMPUTE, 20.0, side=1),))
-    order = [rank_order(2, 1, 1, r) for r in range(2)]
-    ranks = tuple(tuple(Action(fwd, fwd=(s, mb)) if k == "F" else Action(bwd, bwd=(s, mb)) for k, s, mb in items) for items in order)
+    ranks = tuple(
+        tuple(Action(fwd, fwd=(r, a.microbatch)) if a.direction == "fwd" else Action(bwd, bwd=(r, a.microbatch)) for a in rank_order(2, 1, 1, r))
+        for r in range(2)
+    )
     plain = simulate(SimulationInput(2, 1, 1, ranks, 1))
     slow = simulate(SimulationInput(2, 1, 1, ranks, 1, p2p_latency_us=3.0, p2p_bytes_per_us=100.0, activation_bytes=500))
     # Two transfers (activation forward, gradient back), each 3 µs latency + 5 µs on the wire.

@@ -1,0 +1,304 @@
+"""Describe the local CPU as a ``Hardware`` by running micro-benchmarks (once, then cached).
+
+The analytic cost model needs the same figures for the CPU that the H100/H200
+files give for GPUs. They are measured here with the pair executor itself —
+the same processes, threads and collectives that measured profiling uses — so
+the analytic model and the measurements it is compared against share one
+reference. Every reading is the median (or, on request, the fastest) of several repeats,
+matching the statistic the measured pairs are compared by (the comm thread's wait for a
+core is the exception: a mean, see below).
+
+- matrix-multiply throughput and per-task overhead per dtype (fp32, bf16,
+  fp16), fitted as ``t = launch + flops / peak`` over square GEMMs from tiny
+  to a few milliseconds → ``peak_tflops`` and ``kernel_launch_us`` (fp32, the
+  executed dtype);
+- memory bandwidth from a large tensor copy (bytes read + written per second)
+  → ``hbm_gbps``;
+- gloo All-to-All between the local processes at six sizes (Theil-Sen fit) →
+  ``a2a_latency_us`` and ``a2a_gbps_*`` (``t = latency + bytes / bandwidth``);
+- a fully serial ping-pong chain at two lengths → the cross-stream hand-off
+  delay (``contention.cross_stream_sync_us``) and the executor's fixed cost per
+  pair (``pair_overhead_us``);
+- contention (see ``passes/costs/contention.py``): a GEMM and a copy each timed
+  beside a longer All-to-All, a small All-to-All beside a much longer GEMM (the
+  comm thread's wait for a core, ``comm_wait_beside_compute_us``), and a large
+  All-to-All beside a longer GEMM and a longer copy → ``sm_share_lost``,
+  ``comm_hbm_share``, ``comm_slowdown_per_compute``, ``comm_slowdown_per_memory``.
+
+The result is written as a hardware JSON file (``calibration_cache.calibration_path``) and
+loaded with ``load_hardware``. Calibrating takes a minute or two and runs only when asked:
+``tessera-calibrate``, ``tessera-compile --hardware cpu`` on a machine not yet calibrated,
+measured profiling, and the cost-model benchmark.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import tempfile
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+
+from passes.costs.calibration_cache import STATISTICS, WORLD_SIZE, calibration_path
+from passes.costs.hardware import Hardware, load_hardware
+from passes.costs.profile_cache import software_versions
+from runtime.pair_executor import ExecTask, PairExecutor, cpu_model_name
+from tessera_ir.kinds import TaskOp
+
+# Length of the GEMM a small All-to-All is timed beside to read the comm thread's wait
+# for a processor: several scheduler time slices (a few ms each), doubled while too short.
+WAIT_COVER_US = 20_000.0
+
+
+def _gemm(name: str, n: int, dtype: str, order: int = 0) -> ExecTask:
+    return ExecTask(name, "gemm", "compute", order, shapes=((n, n), (n, n)), flops=2 * n**3, dtype=dtype)
+
+
+def _copy(name: str, nbytes: int, order: int = 0) -> ExecTask:
+    return ExecTask(name, "copy", "compute", order, bytes=nbytes)
+
+
+def _a2a(name: str, nbytes: int, order: int = 0) -> ExecTask:
+    return ExecTask(name, "all_to_all", "comm", order, bytes=nbytes)
+
+
+def _task_time(ex: PairExecutor, tasks: list[ExecTask], name: str, repeats: int, statistic: str) -> float:
+    m = ex.measure(tasks, repeats=repeats, warmup=1)
+    return (m.task_min_us if statistic == "min" else m.task_us)[name]
+
+
+def _weighted_fit(x: list[float], y: list[float]) -> tuple[float, float]:
+    """Least-squares ``y = a + b x`` with weights 1/y^2 (relative errors); returns ``(a, b)``."""
+    w = [1.0 / max(v, 1e-9) ** 2 for v in y]
+    sw = sum(w)
+    mx = sum(wi * xi for wi, xi in zip(w, x)) / sw
+    my = sum(wi * yi for wi, yi in zip(w, y)) / sw
+    sxx = sum(wi * (xi - mx) ** 2 for wi, xi in zip(w, x))
+    if sxx <= 0:
+        return 0.0, my / mx if mx > 0 else 0.0
+    b = sum(wi * (xi - mx) * (yi - my) for wi, xi, yi in zip(w, x, y)) / sxx
+    if b <= 0:  # noise made larger GEMMs look no slower: fall back to the largest one
+        return 0.0, y[-1] / x[-1]
+    return my - b * mx, b
+
+
+def _theil_sen(x: list[float], y: list[float]) -> tuple[float, float]:
+    """Robust line ``y = a + b x``: b = median of pairwise slopes, a = median of ``y - b x``."""
+    slopes = [(y[j] - y[i]) / (x[j] - x[i]) for i in range(len(x)) for j in range(i + 1, len(x)) if x[j] != x[i]]
+    b = statistics.median(slopes)
+    return statistics.median(yi - b * xi for xi, yi in zip(x, y)), b
+
+
+def calibrate(executor: PairExecutor, quick: bool = False, statistic: str = "median") -> dict[str, object]:
+    """Run the micro-benchmarks on ``executor`` and return a hardware description (JSON-ready).
+
+    ``statistic`` picks the reading of each micro-benchmark's repeats: ``median`` (the
+    typical time, comparable with median pair measurements) or ``min`` (the fastest,
+    comparable with min pair measurements).
+    """
+    if statistic not in STATISTICS:
+        raise ValueError(f"statistic must be one of {STATISTICS}, got '{statistic}'")
+
+    def task_time(tasks: list[ExecTask], name: str, n: int) -> float:
+        return _task_time(executor, tasks, name, n, statistic)
+
+    repeats = 3 if quick else 7
+    target_us = 800.0 if quick else 4000.0  # long enough for a stable reading, short enough to stay cheap
+    max_n = 384 if quick else 1536
+
+    # Throughput and per-task overhead per dtype: t = launch + flops / peak fitted over
+    # square GEMMs from tiny to a few milliseconds, weighted by 1/t^2 so that small and
+    # large sizes count alike (the executed tasks span that whole range).
+    peak: dict[str, float] = {}
+    launch: dict[str, float] = {}
+    gemm_n: dict[str, list[int]] = {}
+    for dtype in ("fp32", "bf16", "fp16"):
+        sizes, times = [], []
+        n = 16
+        while True:
+            t = task_time([_gemm("g", n, dtype)], "g", repeats)
+            sizes.append(n)
+            times.append(t)
+            if t >= target_us or n >= max_n:
+                break
+            n = min(max_n, int(n * 1.6))
+        flops = [2.0 * k**3 for k in sizes]
+        intercept, slope = _weighted_fit(flops, times)
+        peak[dtype] = 1.0 / max(slope, 1e-12) / 1e6  # slope: µs per flop -> TFLOP/s
+        launch[dtype] = max(0.1, intercept)
+        gemm_n[dtype] = sizes
+    launch_us = launch["fp32"]
+
+    copy_bytes = (8 if quick else 64) << 20
+    copy_us = task_time([_copy("c", copy_bytes)], "c", repeats)
+    hbm_gbps = copy_bytes / (copy_us * 1e-6) / 1e9
+
+    # t = latency + bytes / bandwidth over six sizes, fitted by Theil-Sen (median of the
+    # pairwise slopes, then the median intercept): one disturbed reading cannot tilt it.
+    small, large = 8 << 10, (2 if quick else 16) << 20
+    sizes = [4 << 10, small, 64 << 10, 256 << 10, large // 4, large]  # bytes
+    times = [task_time([_a2a("a", b)], "a", 3 * repeats if b < (1 << 20) else repeats) for b in sizes]
+    latency_us, slope = _theil_sen([float(b) for b in sizes], times)
+    slope = max(slope, 1e-6)  # µs per byte; guards against a noisy non-increasing fit
+    a2a_gbps = 1.0 / slope / 1e3
+    latency_us = max(1.0, latency_us)
+
+    # Cross-stream hand-off and the executor's fixed cost per pair: a ping-pong chain
+    # (tiny GEMM -> small All-to-All -> tiny GEMM ...) is fully serial, so its wall time
+    # minus its tasks' own times is overhead = fixed + handoffs * sync; two chain lengths
+    # separate the two terms.
+    def excess(links: int) -> tuple[float, int]:
+        chain: list[ExecTask] = []
+        for i in range(links):
+            prev = (chain[-1].name,) if chain else ()
+            chain.append(ExecTask(f"c{i}", "tiny", "compute", i, prev, shapes=((1, 1), (1, 1)), flops=2))
+            chain.append(ExecTask(f"a{i}", "all_to_all", "comm", i, (f"c{i}",), bytes=small))
+        m = executor.measure(chain, repeats=2 * repeats)
+        if statistic == "min":
+            return max(0.0, m.min_us - sum(m.task_min_us.values())), 2 * links - 1
+        return max(0.0, m.median_us - sum(m.task_us.values())), 2 * links - 1
+
+    (e1, h1), (e2, h2) = excess(1), excess(6)
+    sync_us = max(0.0, (e2 - e1) / (h2 - h1))
+    pair_overhead_us = max(0.0, e1 - sync_us * h1)
+
+    # Contention: the task of interest must be fully covered by a longer neighbour.
+    dtype = "fp32"
+    n_gemm = gemm_n[dtype][-1]
+    gemm_alone = task_time([_gemm("g", n_gemm, dtype)], "g", repeats)
+    a2a_cover = int(min(256 << 20, 3 * gemm_alone * 1e-6 * a2a_gbps * 1e9))
+    beside = task_time([_gemm("g", n_gemm, dtype), _a2a("a", a2a_cover)], "g", repeats)
+    sm_share_lost = min(0.9, max(0.0, 1.0 - gemm_alone / beside))
+
+    copy_alone = copy_us
+    a2a_cover = int(min(256 << 20, 3 * copy_alone * 1e-6 * a2a_gbps * 1e9))
+    beside = task_time([_copy("c", copy_bytes), _a2a("a", a2a_cover)], "c", repeats)
+    comm_hbm_share = min(0.9, max(0.0, 1.0 - copy_alone / beside))
+
+    # A comm thread beside a busy compute thread (on every rank: as many busy threads as
+    # cores) first waits for a processor, then runs somewhat slower. The wait is additive
+    # (about one scheduler time slice), so it is read from a small, latency-bound
+    # All-to-All beside a much longer GEMM: t_beside = t_alone + wait. The stretch is read
+    # from the large one, after taking the same wait off: t_beside = wait + t_alone (1 + s).
+    def cover_n(us: float) -> int:  # a GEMM of about ``us`` microseconds (time ~ n^3)
+        return max(n_gemm, int(n_gemm * (us / gemm_alone) ** (1 / 3)))
+
+    # The reading is the All-to-All's end time from the pair's start, not its duration:
+    # the comm thread's own wake-up waits for a core too, before its timer starts. The
+    # wait is paid by some All-to-Alls and not by others (whether the scheduler lets the
+    # comm thread preempt at once), so it is read as a mean, the expectation that a
+    # pair's many comm tasks add up, whatever the statistic of the other readings.
+    def wait_reading(tasks: list[ExecTask], n: int) -> float:
+        return executor.measure(tasks, repeats=n, warmup=1).task_end_mean_us["a"]
+
+    small_alone = wait_reading([_a2a("a", sizes[2])], 3 * repeats)
+    cover_us = WAIT_COVER_US
+    for _ in range(3):
+        beside = wait_reading([_a2a("a", sizes[2]), _gemm("g", cover_n(cover_us), dtype)], 3 * repeats)
+        if beside < 0.5 * cover_us:  # the GEMM outlasted the wait: a clean reading
+            break
+        cover_us *= 2  # the wait ran into the end of the GEMM: measure again beside a longer one
+    comm_wait_us = max(0.0, beside - small_alone)
+
+    # Read by end times as well, so that the wait taken off is the one that was measured.
+    a2a_bytes = large
+    a2a_alone = wait_reading([_a2a("a", a2a_bytes)], repeats)
+    # A GEMM about three times longer than the All-to-All and its wait.
+    beside = wait_reading([_a2a("a", a2a_bytes), _gemm("g", cover_n(3 * (a2a_alone + comm_wait_us)), dtype)], repeats)
+    comm_slowdown_per_compute = max(0.0, (beside - comm_wait_us) / a2a_alone - 1.0)
+    copy_cover = int(min(512 << 20, copy_bytes * 3 * (a2a_alone + comm_wait_us) / copy_alone))
+    beside = wait_reading([_a2a("a", a2a_bytes), _copy("c", copy_cover)], repeats)
+    comm_slowdown_per_memory = max(0.0, (beside - comm_wait_us) / a2a_alone - 1.0)
+
+    try:
+        memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError, AttributeError):
+        memory_gib = 0.0
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return {
+        "name": "cpu",
+        "description": (
+            f"local CPU ({cpu_model_name()}): {executor.world_size} gloo processes x "
+            f"{executor.threads_per_rank} thread(s), comm on a second thread"
+        ),
+        "source": f"calibrated by micro-benchmarks on {socket.gethostname()} at {now}",
+        "peak_tflops": peak,
+        "hbm_gbps": hbm_gbps,
+        "memory_gib": memory_gib,
+        "nvlink_gbps": a2a_gbps,
+        "nic_gbps": a2a_gbps,
+        "gpus_per_node": executor.world_size,
+        "a2a_gbps_intra_node": a2a_gbps,
+        "a2a_gbps_inter_node": a2a_gbps,
+        "a2a_latency_us": latency_us,
+        # Compute units: the rank's threads. Communication runs on its own thread,
+        # so it takes no unit outright; its interference is the measured contention.
+        "total_sms": executor.threads_per_rank,
+        "comm_sms": 0,
+        "kernel_launch_us": launch_us,
+        # Fixed cost of starting a pair in the executor (thread wake-up, barrier exit skew);
+        # the profile pass adds it to the predicted cost of every pair on this device.
+        "pair_overhead_us": pair_overhead_us,
+        # The executor runs every compute task as a GEMM (plus copies), so every
+        # kind reaches the measured GEMM throughput.
+        "efficiency": {op.value: 1.0 for op in TaskOp},
+        "contention": {
+            "sm_share_lost": sm_share_lost,
+            "comm_hbm_share": comm_hbm_share,
+            "comm_slowdown_per_compute": comm_slowdown_per_compute,
+            "comm_slowdown_per_memory": comm_slowdown_per_memory,
+            "cross_stream_sync_us": sync_us,
+            "comm_wait_beside_compute_us": comm_wait_us,
+            "calibrated": True,
+        },
+        "calibration": {
+            "device": executor.description,
+            "versions": software_versions(),
+            "quick": quick,
+            "statistic": statistic,
+            "repeats": repeats,
+            "gemm_n": gemm_n,
+            "launch_us": launch,
+            "copy_bytes": copy_bytes,
+            "a2a_bytes": sizes,
+            "a2a_us": times,
+            "when": now,
+            "host": socket.gethostname(),
+        },
+    }
+
+
+def cpu_hardware(
+    cache_dir: str | Path | None = None,
+    refresh: bool = False,
+    executor: PairExecutor | None = None,
+    quick: bool = False,
+    statistic: str = "median",
+    announce: Callable[[Path], None] | None = None,
+) -> Hardware:
+    """The calibrated ``cpu`` hardware: from the cache, or measured now (and cached).
+
+    ``executor`` reuses running worker processes (a profiling run passes its own,
+    so processes start once); otherwise a temporary one is started. Calibrations
+    by ``median`` and by ``min`` are cached separately. ``announce`` is called with
+    the cache path just before a measurement starts (a progress message for the user).
+    """
+    path = calibration_path(cache_dir, WORLD_SIZE, executor.threads_per_rank if executor else None, statistic)
+    if path.is_file() and not refresh:
+        return load_hardware(path)
+    if announce is not None:
+        announce(path)
+    if executor is not None:
+        data = calibrate(executor, quick=quick, statistic=statistic)
+    else:
+        with PairExecutor(world_size=WORLD_SIZE) as ex:
+            data = calibrate(ex, quick=quick, statistic=statistic)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".cpu.", suffix=".tmp", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+    os.replace(tmp, path)
+    return load_hardware(path)

@@ -1,0 +1,264 @@
+"""Contention model: what a pair schedule costs when its two streams really overlap.
+
+Summing isolated durations is wrong in both directions: overlap hides
+communication, but the kernels that run side by side also slow each other
+down. On a GPU an All-to-All kernel occupies ``comm_sms`` of the ``total_sms``
+streaming multiprocessors and streams its buffers through HBM, so a GEMM
+beside it has fewer SMs and less bandwidth; a memory-bound kernel in turn
+slows the All-to-All, which also needs HBM. (On CPU the compute thread and the
+communication thread compete for cores and memory in the same way.)
+
+Model (parameters in the hardware JSON under ``"contention"``; defaults below):
+
+Each compute task has an isolated roofline duration ``d = launch + max(c, m)``
+with ``c = flops / (peak * eff)`` and ``m = bytes / hbm``, and two utilisations
+of the resources it needs while running alone:
+
+    u_sm  = c / max(c, m)      (1 for compute-bound kernels)
+    u_mem = m / max(c, m)      (1 for memory-bound kernels)
+
+(``durations.task_utilisation`` computes both from the same roofline terms.)
+
+While a communication task runs beside it, the compute task keeps only
+``a_sm = 1 - sm_share_lost`` of the SMs and ``a_mem = 1 - comm_hbm_share`` of
+the bandwidth, and progresses at the roofline rate under those reduced
+resources:
+
+    rate_compute = min(1, a_sm / u_sm, a_mem / u_mem)
+
+    sm_share_lost  = comm_sms / total_sms               (unless given)
+    comm_hbm_share = comm_hbm_bytes_per_byte * a2a_gbps / hbm_gbps
+
+While a compute task runs beside it, a communication task progresses at
+
+    rate_comm = 1 / (1 + comm_slowdown_per_compute * u_sm + comm_slowdown_per_memory * u_mem)
+
+— its kernels wait for memory behind a memory-bound neighbour (and, on CPU,
+for a core behind a compute-bound one). A task running alone progresses at
+rate 1, so without overlap the model gives the isolated durations exactly.
+
+A communication task that finds the compute stream busy may first have to wait
+for a processor: ``comm_wait_beside_compute_us`` (0 on GPUs, whose comm kernels
+own their SMs). On a CPU with as many busy compute threads as cores, the comm
+thread is runnable but not running until the scheduler preempts a compute
+thread (about one time slice, milliseconds) — an additive delay, not a
+stretch, so it dominates small All-to-Alls and barely matters for large ones.
+The comm task makes no progress (and takes nothing from its neighbour) during
+that wait, which is spent only while a compute task runs: when the compute
+stream idles the comm thread gets a core at once and the wait is over.
+
+A dependency that crosses streams costs ``cross_stream_sync_us`` before the
+waiting task may start (a CUDA stream waiting on an event: a few µs, left at 0
+for GPUs; a CPU thread woken by another: tens to hundreds of µs, calibrated).
+
+Re-timing is event driven and exact for piecewise-constant rates: each stream
+runs its tasks in schedule order, a task starts when its stream is free and
+its dependencies have finished (that is how streams with cross-stream events
+execute), each running task has ``remaining`` isolated microseconds of work,
+and time advances to the next task completion at the current rates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from passes.costs.hardware import Hardware
+from tessera_ir.errors import TesseraError
+from tessera_ir.kinds import Resource
+
+COMPUTE = Resource.COMPUTE.value
+COMM = Resource.COMM.value
+
+# Defaults for hardware files without a "contention" block. An All-to-All
+# reads its send buffer and writes its receive buffer: two HBM bytes per byte
+# sent. The slowdown of comm beside a memory-bound kernel is a moderate 25%
+# (NCCL-style kernels are latency- and NIC-bound, HBM is rarely their limit).
+DEFAULT_COMM_HBM_BYTES_PER_BYTE = 2.0
+DEFAULT_COMM_SLOWDOWN_PER_MEMORY = 0.25
+DEFAULT_COMM_SLOWDOWN_PER_COMPUTE = 0.0
+
+
+class ContentionError(TesseraError):
+    """A schedule the contention model cannot re-time."""
+
+
+@dataclass(frozen=True)
+class ContentionParams:
+    sm_share_lost: float  # fraction of compute throughput a running comm kernel takes away
+    comm_hbm_share: float  # fraction of memory bandwidth a running comm kernel takes away
+    comm_slowdown_per_compute: float  # comm stretch per unit of neighbour SM utilisation
+    comm_slowdown_per_memory: float  # comm stretch per unit of neighbour memory utilisation
+    cross_stream_sync_us: float = 0.0  # delay before a task whose dependency ran on the other stream may start
+    comm_wait_beside_compute_us: float = 0.0  # a comm task's wait for a processor while compute runs
+
+    def __post_init__(self) -> None:
+        for name in ("sm_share_lost", "comm_hbm_share"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ContentionError(f"contention parameter {name} = {value} must lie in [0, 1)")
+        for name in (
+            "comm_slowdown_per_compute", "comm_slowdown_per_memory", "cross_stream_sync_us", "comm_wait_beside_compute_us",
+        ):
+            if getattr(self, name) < 0.0:
+                raise ContentionError(f"contention parameter {name} = {getattr(self, name)} must be >= 0")
+
+    @classmethod
+    def none(cls) -> ContentionParams:
+        """No interference: overlapped tasks keep their isolated speed."""
+        return cls(0.0, 0.0, 0.0, 0.0)
+
+    @classmethod
+    def from_hardware(cls, hw: Hardware, ep: int = 1) -> ContentionParams:
+        block = hw.extra.get("contention", {})
+        if not isinstance(block, dict):
+            raise ContentionError(f"hardware '{hw.name}': 'contention' must be a JSON object")
+        sm_lost = block.get("sm_share_lost")
+        if sm_lost is None:
+            sm_lost = hw.comm_sms / hw.total_sms if hw.total_sms else 0.0
+        hbm_share = block.get("comm_hbm_share")
+        if hbm_share is None:
+            per_byte = float(block.get("comm_hbm_bytes_per_byte", DEFAULT_COMM_HBM_BYTES_PER_BYTE))
+            hbm_share = min(0.95, per_byte * hw.a2a_gbps(ep) / hw.hbm_gbps) if hw.hbm_gbps > 0 else 0.0
+        return cls(
+            sm_share_lost=float(sm_lost),
+            comm_hbm_share=float(hbm_share),
+            comm_slowdown_per_compute=float(block.get("comm_slowdown_per_compute", DEFAULT_COMM_SLOWDOWN_PER_COMPUTE)),
+            comm_slowdown_per_memory=float(block.get("comm_slowdown_per_memory", DEFAULT_COMM_SLOWDOWN_PER_MEMORY)),
+            cross_stream_sync_us=float(block.get("cross_stream_sync_us", 0.0)),
+            comm_wait_beside_compute_us=float(block.get("comm_wait_beside_compute_us", 0.0)),
+        )
+
+
+@dataclass(frozen=True)
+class ContendedTask:
+    """One task of a pair schedule as the contention model sees it."""
+
+    name: str
+    resource: str  # "compute" or "comm"
+    duration: float  # isolated microseconds
+    order: int  # position on its stream
+    deps: tuple[str, ...] = ()
+    sm_util: float = 1.0  # compute tasks: SM utilisation when alone
+    mem_util: float = 0.0  # compute tasks: memory-bandwidth utilisation when alone
+
+
+@dataclass(frozen=True)
+class RetimedPair:
+    start: dict[str, float]
+    finish: dict[str, float]
+    makespan: float
+    isolated_sum: float  # sum of isolated durations (fully serial execution)
+
+    def stretch(self, tasks: Sequence[ContendedTask]) -> dict[str, float]:
+        """Contended over isolated duration, per task (1.0: not slowed)."""
+        return {t.name: (self.finish[t.name] - self.start[t.name]) / t.duration if t.duration > 0 else 1.0 for t in tasks}
+
+
+def compute_rate(task: ContendedTask, params: ContentionParams) -> float:
+    """Progress rate of a compute task while a comm task runs beside it."""
+    rate = 1.0
+    if task.sm_util > 0:
+        rate = min(rate, (1.0 - params.sm_share_lost) / task.sm_util)
+    if task.mem_util > 0:
+        rate = min(rate, (1.0 - params.comm_hbm_share) / task.mem_util)
+    return rate
+
+
+def comm_rate(neighbour: ContendedTask, params: ContentionParams) -> float:
+    """Progress rate of a comm task while compute task ``neighbour`` runs beside it."""
+    return 1.0 / (
+        1.0 + params.comm_slowdown_per_compute * neighbour.sm_util + params.comm_slowdown_per_memory * neighbour.mem_util
+    )
+
+
+def retime(tasks: Sequence[ContendedTask], params: ContentionParams) -> RetimedPair:
+    """Execute the schedule event by event under the contention model (see the module docstring)."""
+    names = [t.name for t in tasks]
+    if len(set(names)) != len(names):
+        raise ContentionError("task names repeat in the schedule")
+    known = set(names)
+    for t in tasks:
+        if t.resource not in (COMPUTE, COMM):
+            raise ContentionError(f"task '{t.name}' has resource '{t.resource}'; use 'compute' or 'comm'")
+        if t.duration < 0:
+            raise ContentionError(f"task '{t.name}' has negative duration {t.duration}")
+        for d in t.deps:
+            if d not in known:
+                raise ContentionError(f"task '{t.name}' depends on '{d}', which is not in the schedule")
+    streams = {r: sorted((t for t in tasks if t.resource == r), key=lambda t: t.order) for r in (COMPUTE, COMM)}
+    pos = {COMPUTE: 0, COMM: 0}
+    running: dict[str, ContendedTask | None] = {COMPUTE: None, COMM: None}
+    remaining: dict[str, float] = {}
+    # Comm tasks' outstanding wait for a processor (see the module docstring).
+    wait: dict[str, float] = {}
+    start: dict[str, float] = {}
+    finish: dict[str, float] = {}
+    now = 0.0
+    # Completions are processed in the same loop iteration they happen in, so
+    # zero-duration tasks and chains of them cost no time.
+    by_name = {t.name: t for t in tasks}
+
+    def released(t: ContendedTask) -> float | None:
+        """When ``t`` may start: its deps' finish, plus the hand-off delay for deps on the other stream."""
+        if not all(d in finish for d in t.deps):
+            return None
+        return max(
+            (finish[d] + (params.cross_stream_sync_us if by_name[d].resource != t.resource else 0.0) for d in t.deps),
+            default=0.0,
+        )
+
+    while len(finish) < len(tasks):
+        waiting: list[float] = []  # release times of stream heads held only by a hand-off delay
+        for r in (COMPUTE, COMM):
+            if running[r] is None and pos[r] < len(streams[r]):
+                nxt = streams[r][pos[r]]
+                at = released(nxt)
+                if at is not None and at <= now + 1e-12 * max(1.0, now):
+                    running[r] = nxt
+                    start[nxt.name] = now
+                    remaining[nxt.name] = nxt.duration
+                    if r == COMM and nxt.duration > 0:
+                        wait[nxt.name] = params.comm_wait_beside_compute_us
+                    pos[r] += 1
+                elif at is not None:
+                    waiting.append(at)
+        active = {r: t for r, t in running.items() if t is not None}
+        if not active:
+            if waiting:
+                now = min(waiting)
+                continue
+            stuck = [streams[r][pos[r]].name for r in streams if pos[r] < len(streams[r])]
+            raise ContentionError(f"the stream order deadlocks: {', '.join(stuck)} wait on later tasks of their streams")
+        rates = {r: 1.0 for r in active}
+        stalled = None  # the comm task waiting for a processor, if any
+        if len(active) == 2:
+            comp = active[COMPUTE]
+            if wait.get(active[COMM].name, 0.0) > 0.0:
+                stalled = active[COMM].name
+                rates[COMM] = 0.0  # not running yet, so it slows nothing either
+            else:
+                rates[COMPUTE] = compute_rate(comp, params)
+                rates[COMM] = comm_rate(comp, params)
+        elif COMM in active:
+            wait.pop(active[COMM].name, None)  # alone: the comm thread has a core now
+        dt = min(remaining[t.name] / rates[r] for r, t in active.items() if rates[r] > 0)
+        if stalled is not None:
+            dt = min(dt, wait[stalled])
+        if waiting:
+            dt = min(dt, min(waiting) - now)
+        now += dt
+        if stalled is not None:
+            wait[stalled] = max(0.0, wait[stalled] - dt)
+            if wait[stalled] <= 1e-9 * max(1.0, params.comm_wait_beside_compute_us):
+                wait[stalled] = 0.0
+        for r, t in active.items():
+            if rates[r] == 0.0:
+                continue
+            remaining[t.name] -= dt * rates[r]
+            # Relative tolerance: the task that defined dt ends exactly; others
+            # within rounding of zero end too.
+            if remaining[t.name] <= 1e-9 * max(1.0, t.duration):
+                finish[t.name] = now
+                running[r] = None
+    return RetimedPair(start, finish, max(finish.values(), default=0.0), sum(t.duration for t in tasks))

@@ -1,0 +1,99 @@
+"""From a scheduled pair to what the runtime's pair executor runs, and what the model predicts for it.
+
+Measured profiling executes each pair for real (``runtime/pair_executor.py``) with its work
+shrunk by one factor, and compares the time with the analytic cost of the *executed* work on
+the *measured* device. This module turns a scheduled pair (``pair_costs.ScheduledTask``) into
+the executor's plain-data description (``exec_tasks``), prices that description
+(``predicted_exec``), and names what a measurement depends on (``signature``, the cache key).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from passes.costs.contention import ContentionParams, RetimedPair
+from passes.costs.durations import analytic_duration_us, task_utilisation
+from passes.costs.hardware import Hardware
+from passes.costs.pair_costs import ScheduledTask, analytic_cost, contended_tasks
+from runtime.pair_executor import ExecTask, executed_work
+from tessera_ir.kinds import Resource
+from tessera_ir.model import Task
+from tessera_ir.parallel import ParallelConfig
+
+
+def _gemm_shape(task: Task, flops: float) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Operands ``(m, k) @ (k, n)`` with ``2mkn ≈ flops`` and the aspect ratio of the task's shapes.
+
+    The frontend records ``[input, output]`` shapes: ``m`` = tokens (all leading
+    dimensions of the input), ``k`` = its last dimension, ``n`` = the output's
+    last dimension. All three are scaled by one factor, so the executed GEMM
+    has the task's FLOPs (after scaling) and its shape, only smaller.
+    """
+    m0, k0, n0 = 1.0, 1.0, 1.0
+    if len(task.shapes) >= 2 and task.shapes[0] and task.shapes[1]:
+        m0 = float(math.prod(task.shapes[0][:-1]) or 1)
+        k0, n0 = float(task.shapes[0][-1]), float(task.shapes[1][-1])
+    c = (flops / (2.0 * m0 * k0 * n0)) ** (1.0 / 3.0)
+    m, k, n = (max(1, round(d * c)) for d in (m0, k0, n0))
+    return (m, k), (k, n)
+
+
+def exec_tasks(
+    items: list[ScheduledTask], scale: float, dtype: str, hw: Hardware, parallel: ParallelConfig
+) -> list[ExecTask]:
+    """The executor's description of a scheduled pair with its work scaled by ``scale``.
+
+    A compute task runs as the kernel that bounds it on the measured device ``hw`` (its
+    roofline side): a GEMM of its FLOPs when compute-bound, a copy of its bytes when
+    memory-bound. A GPU kernel overlaps its arithmetic with its memory traffic, so its
+    time is the larger of the two; one CPU thread running a GEMM and then a copy would
+    take their sum instead, which no GPU kernel does.
+    """
+    out = []
+    for s in items:
+        flops = s.task.flops * scale
+        nbytes = int(round(s.task.bytes * scale))
+        shapes: tuple = ()
+        if s.stream == Resource.COMPUTE.value:
+            compute_bound = task_utilisation(s.task, hw, parallel)[0] >= 1.0
+            if compute_bound and flops >= 2:
+                shapes = _gemm_shape(s.task, flops)
+                nbytes = 0  # the GEMM's own operand traffic is all it moves
+            else:
+                flops = 0.0
+        out.append(ExecTask(
+            name=s.task.name, kind=s.task.kind, resource=s.stream, order=s.order, deps=s.deps,
+            flops=2 * shapes[0][0] * shapes[0][1] * shapes[1][1] if shapes else 0, bytes=nbytes,
+            shapes=shapes, dtype=dtype,
+        ))
+    return out
+
+
+def predicted_exec(
+    items: list[ScheduledTask], execs: list[ExecTask], hw: Hardware, parallel: ParallelConfig, world: int
+) -> tuple[RetimedPair, RetimedPair]:
+    """Analytic cost (contended, contention-free) of the work the executor really runs on ``hw``.
+
+    Durations are analytic on the measured device: a task's ``duration_us`` is a figure for
+    the module's target hardware and the full-size task, so it says nothing about this work.
+    """
+    scaled = []
+    for s, e in zip(items, execs):
+        flops, nbytes = executed_work(e, world)
+        scaled.append(replace(s, task=replace(s.task, flops=flops, bytes=nbytes)))
+    run = replace(parallel, dtype=execs[0].dtype if execs else parallel.dtype)
+    tasks = contended_tasks(
+        scaled, lambda t: analytic_duration_us(t, hw, run), lambda t: task_utilisation(t, hw, run)
+    )
+    return analytic_cost(tasks, ContentionParams.from_hardware(hw, run.ep))
+
+
+def signature(execs: list[ExecTask], world: int) -> list:
+    """What a measurement depends on in the pair: kinds, work, shapes and order — not task names."""
+    ordered = sorted(execs, key=lambda e: (e.resource, e.order))
+    index = {e.name: i for i, e in enumerate(ordered)}
+    return [world] + [
+        [e.kind, e.resource, e.order, e.flops, e.bytes, [list(s) for s in e.shapes], e.dtype, sorted(index[d] for d in e.deps)]
+        for e in ordered
+    ]

@@ -1,0 +1,181 @@
+"""The per-rank order of interleaved 1F1B: which forward and backward each pipeline rank runs, when.
+
+Everything in Tessera that depends on the pipeline schedule reads it here: which chunk pairs
+meet on a device (the candidates and partition passes, the report), how many micro-batches a
+device holds in flight (the memory model), and what each rank executes (simulation and
+per-rank programs build on ``rank_order``).
+
+Vocabulary. ``pp`` ranks each hold ``vpp`` model chunks; chunk ``c`` of rank ``r`` is
+virtual stage ``r + c·pp``. ``microbatches`` (``m``) micro-batches go through every stage
+forward, then backward. An ``Action`` is one forward or backward of one chunk for one
+micro-batch on one rank.
+
+The order is Megatron-Core's (``forward_backward_pipelining_with_interleaving``; with
+``vpp = 1`` its plain 1F1B):
+
+1. Forwards on a rank visit micro-batches in groups of ``group`` (Megatron-Core's
+   ``microbatch_group_size_per_vp_stage``, ``pp`` unless given): for each group, chunk 0
+   runs the group's micro-batches, then chunk 1, ...; the last group holds the micro-batches
+   that remain. Backwards visit the same sequence with the chunks reversed (the last chunk
+   first). ``forward_slot(k)`` / ``backward_slot(k)`` give the (chunk, micro-batch) of a
+   rank's k-th forward / backward. Interleaving (``vpp > 1``) takes a group size in
+   ``[pp, m]`` whose remainder ``m mod group`` is 0 or at least ``pp``, as Megatron-Core
+   does: a last group shorter than ``pp`` stalls ranks running their orders in sequence
+   (dependency bubbles; for some counts they wait on each other for ever, the tests show such
+   a deadlock). So a micro-batch count ``pp``
+   does not divide needs a larger group (pp = 4, m = 10: groups of 5, or 6 then 4). Plain
+   1F1B takes any ``m``.
+2. Warm-up: rank ``r`` first runs ``W(r)`` forwards, ``W = 2·(pp − r − 1) + (vpp − 1)·group``
+   (``pp − r − 1`` when ``vpp = 1``), at most all ``m·vpp`` of them.
+3. Steady state: step ``k`` runs forward ``W + k`` and backward ``k``. These two form
+   the forward/backward *pair* whose overlap Tessera schedules and costs
+   (``paired_with``).
+4. Cool-down: the remaining backwards.
+
+Which chunks meet depends on ``W mod pp``: rank 0 with pp=4, vpp=2 has W=10, so steps 0-1
+pair chunk 0's forward with chunk 1's backward, steps 2-3 chunk 1 with 1, 4-5 chunk 1 with 0,
+6-7 chunk 0 with 0 — every combination; rank 1 has W=8, a whole number of groups, so its
+forward and backward groups are exactly out of phase and chunk 0 only meets chunk 1 and back;
+the last rank has W=(vpp−1)·pp, in phase, so each chunk only meets itself.
+
+``combined=True`` is the variant Megatron-Core runs when it overlaps expert-parallel
+All-to-All across micro-batches (combined 1F1B): one more warm-up forward per rank, so
+that the forward and backward of every steady-state pair are independent. Without it the
+last rank's steady pairs join a chunk's forward and backward of the *same* micro-batch,
+which cannot overlap. It is off by default (the planning passes read the plain order).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Direction = Literal["fwd", "bwd"]
+Phase = Literal["warmup", "steady", "cooldown"]
+Slot = tuple[int, int]  # (chunk, micro-batch)
+
+
+@dataclass(frozen=True)
+class Action:
+    """One forward or backward of one chunk for one micro-batch on a rank.
+
+    ``phase`` is the part of the rank's schedule it belongs to: ``warmup`` (forwards only),
+    ``steady`` (one forward and one backward per step) or ``cooldown`` (backwards only).
+    ``paired_with`` is the (chunk, micro-batch) of the opposite direction's action that runs
+    beside this one in a steady-state pair; None in warm-up and cool-down.
+    """
+
+    direction: Direction
+    chunk: int
+    microbatch: int
+    phase: Phase
+    paired_with: Slot | None = None
+
+    def stage(self, rank: int, pp: int) -> int:
+        """The virtual stage this action runs on rank ``rank``."""
+        return rank + self.chunk * pp
+
+
+def _check(pp: int, vpp: int, microbatches: int, rank: int | None = None, group: int | None = None) -> int:
+    """Check the settings; return the micro-batch group size (``pp`` unless ``group`` is given)."""
+    for name, value in (("pp", pp), ("vpp", vpp), ("microbatches", microbatches)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    size = pp if group is None else group
+    if vpp > 1:
+        remainder = microbatches % size if size >= 1 else 0
+        if not pp <= size <= microbatches or 0 < remainder < pp:
+            given = f"the micro-batch group size {size}" if group is not None else "groups of pp"
+            raise ValueError(
+                f"interleaved 1F1B (vpp = {vpp}) cannot run {microbatches} micro-batches in {given}: a group size lies "
+                f"in [pp = {pp}, {microbatches}] and leaves a last group of 0 or at least pp micro-batches "
+                f"(with {microbatches} micro-batches not a multiple of pp, give a larger group)"
+            )
+    if rank is not None and not 0 <= rank < pp:
+        raise ValueError(f"rank must lie in 0..{pp - 1}, got {rank}")
+    return size
+
+
+def warmup_forwards(pp: int, vpp: int, microbatches: int, rank: int, combined: bool = False, group: int | None = None) -> int:
+    """Forwards rank ``rank`` runs before its first backward."""
+    size = _check(pp, vpp, microbatches, rank, group)
+    warm = pp - rank - 1 if vpp == 1 else 2 * (pp - rank - 1) + (vpp - 1) * size
+    if combined:
+        warm += 1
+    return min(warm, microbatches * vpp)
+
+
+def forward_slot(k: int, pp: int, vpp: int, microbatches: int, group: int | None = None) -> Slot:
+    """(chunk, micro-batch) of a rank's k-th forward (the same on every rank)."""
+    size = _check(pp, vpp, microbatches, group=group)
+    if not 0 <= k < microbatches * vpp:
+        raise ValueError(f"forward {k} is beyond the {microbatches * vpp} forwards of a rank")
+    if vpp == 1:
+        return 0, k
+    # Groups start every ``size`` micro-batches; the last one (which may differ) takes the rest.
+    full = (microbatches - 1) // size  # groups before the last one
+    if k < full * size * vpp:
+        index, offset = divmod(k, size * vpp)
+        chunk, position = divmod(offset, size)
+        return chunk, index * size + position
+    first = full * size
+    chunk, position = divmod(k - full * size * vpp, microbatches - first)
+    return chunk, first + position
+
+
+def backward_slot(k: int, pp: int, vpp: int, microbatches: int, group: int | None = None) -> Slot:
+    """(chunk, micro-batch) of a rank's k-th backward: the forward sequence, chunks reversed."""
+    chunk, microbatch = forward_slot(k, pp, vpp, microbatches, group)
+    return vpp - 1 - chunk, microbatch
+
+
+def rank_order(
+    pp: int, vpp: int, microbatches: int, rank: int, combined: bool = False, group: int | None = None
+) -> list[Action]:
+    """Every action of rank ``rank`` in execution order (a steady pair: its forward, then its backward)."""
+    total = microbatches * vpp
+    warm = warmup_forwards(pp, vpp, microbatches, rank, combined, group)
+
+    def fwd(k: int) -> Slot:
+        return forward_slot(k, pp, vpp, microbatches, group)
+
+    def bwd(k: int) -> Slot:
+        return backward_slot(k, pp, vpp, microbatches, group)
+
+    actions = [Action("fwd", *fwd(k), "warmup") for k in range(warm)]
+    for k in range(total - warm):
+        f, b = fwd(warm + k), bwd(k)
+        actions.append(Action("fwd", *f, "steady", paired_with=b))
+        actions.append(Action("bwd", *b, "steady", paired_with=f))
+    actions += [Action("bwd", *bwd(k), "cooldown") for k in range(total - warm, total)]
+    return actions
+
+
+def steady_pairs(
+    pp: int, vpp: int, microbatches: int, rank: int, combined: bool = False, group: int | None = None
+) -> list[tuple[Slot, Slot]]:
+    """(forward slot, backward slot) of every steady-state pair of ``rank``, in order."""
+    return [
+        ((a.chunk, a.microbatch), a.paired_with)
+        for a in rank_order(pp, vpp, microbatches, rank, combined, group)
+        if a.direction == "fwd" and a.paired_with is not None
+    ]
+
+
+def meeting_chunks(pp: int, vpp: int, microbatches: int, rank: int, combined: bool = False) -> list[tuple[int, int]]:
+    """(forward chunk, backward chunk) combinations that meet in ``rank``'s steady state, sorted.
+
+    A rank without a steady state (fewer forwards than warm-up slots) still runs every
+    chunk's forward and backward back to back at the turn of its schedule; each chunk then
+    meets itself, so that every chunk has a cost.
+    """
+    seen = {(fwd[0], bwd[0]) for fwd, bwd in steady_pairs(pp, vpp, microbatches, rank, combined)}
+    return sorted(seen or {(c, c) for c in range(vpp)})
+
+
+def meeting_stages(pp: int, vpp: int, microbatches: int, combined: bool = False) -> dict[int, list[tuple[int, int]]]:
+    """Per rank, the (forward stage, backward stage) pairs that meet in its steady state."""
+    return {
+        r: [(r + cf * pp, r + cb * pp) for cf, cb in meeting_chunks(pp, vpp, microbatches, r, combined)]
+        for r in range(pp)
+    }

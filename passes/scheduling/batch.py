@@ -1,0 +1,91 @@
+"""Scheduling and z3-checking many pair DAGs, spread over worker processes when there are enough.
+
+Each DAG's schedule is a pure function of the DAG and the options (the exact method aside,
+whose time limit makes it depend on the machine), and so is the check, so the results and
+the first error raised are the same for every number of workers.
+"""
+
+from __future__ import annotations
+
+import os
+
+from passes.scheduling.check import check_schedule, entries_of
+from passes.scheduling.methods import IlpSolver, Method, schedule_dag
+from passes.scheduling.pair_dag import PairDAG
+from passes.scheduling.schedule import PairSchedule
+
+# Fewer distinct DAGs per worker than this are not worth a process (a fork and some copying).
+MIN_DAGS_PER_WORKER = 16
+
+
+def cpu_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def worker_count(jobs: int | None, dags: int) -> int:
+    """Worker processes for ``dags`` DAGs: ``jobs`` (None: one per core), 1 for small batches."""
+    wanted = jobs if jobs is not None else cpu_cores()
+    return min(wanted, dags // MIN_DAGS_PER_WORKER) if dags >= 2 * MIN_DAGS_PER_WORKER else 1
+
+
+# The DAGs and options a worker process reads: set before the pool forks, so the
+# workers inherit them instead of receiving them pickled.
+_WORK: tuple[list[PairDAG], Method, float, IlpSolver, bool] | None = None
+
+
+def _solve_in_worker(k: int) -> tuple[list[float], str, str, float | None, dict, bool] | None:
+    """Schedule DAG ``k`` of ``_WORK`` and, when asked, z3-check it: (start times, method,
+    status, bound, stats, checked and valid), or None when scheduling failed. Failures
+    are redone in the main process, which raises them exactly as a run without workers."""
+    assert _WORK is not None
+    dags, method, time_limit, solver, verify = _WORK
+    try:
+        sched = schedule_dag(dags[k], method, time_limit, solver)
+    except Exception:  # noqa: BLE001 - any failure is redone in the main process
+        return None
+    valid = False
+    if verify:
+        try:
+            check_schedule(sched.dag, entries_of(sched))
+            valid = True
+        except Exception:  # noqa: BLE001 - likewise
+            pass
+    return sched.start, sched.method, sched.status, sched.bound, sched.stats, valid
+
+
+def schedule_all(
+    dags: list[PairDAG], method: Method, time_limit: float, solver: IlpSolver, verify: bool, workers: int
+) -> tuple[list[PairSchedule], list[bool]]:
+    """Schedules of ``dags`` in order, and for each whether it was already z3-checked and valid.
+
+    Without workers nothing is checked here, and the first DAG that cannot be
+    scheduled raises. With several, the DAGs are spread over forked processes that
+    also run the check (the slower half of the work); a DAG whose scheduling failed
+    there is redone here, in order, so the error raised is the one a run without
+    workers raises (scheduling is deterministic).
+    """
+    import multiprocessing
+
+    if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        return [schedule_dag(dag, method, time_limit, solver) for dag in dags], [False] * len(dags)
+    global _WORK
+    _WORK = (dags, method, time_limit, solver, verify)
+    try:
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            # Small chunks keep both workers busy to the end (DAG sizes vary a lot).
+            results = pool.map(_solve_in_worker, range(len(dags)), chunksize=4)
+    finally:
+        _WORK = None
+    scheds, valid = [], []
+    for dag, res in zip(dags, results):
+        if res is None:
+            scheds.append(schedule_dag(dag, method, time_limit, solver))
+            valid.append(False)
+        else:
+            start, used, status, bound, stats, ok = res
+            scheds.append(PairSchedule(dag, start, used, status=status, bound=bound, stats=stats))
+            valid.append(ok)
+    return scheds, valid

@@ -1,0 +1,214 @@
+"""An independent z3 check of a pair schedule.
+
+Whatever produced a schedule (heuristic, baseline, ILP, or IR text someone
+edited), it must satisfy, for the pair DAG it claims to schedule:
+
+- ``placed-once``: every task of the DAG has exactly one entry, and no entry names a task outside it;
+- ``stream``: each entry runs on the stream of its task's resource;
+- ``duration``: each entry's duration is the task's duration;
+- ``dependency``: a task starts after each predecessor finished (``start_j >= start_i + dur_i``);
+- ``exclusive``: a stream runs one task at a time;
+- ``deadline``: a movable task finishes by its deadline (the pair's end when it has none; that
+  case holds by definition of the makespan and is not asserted);
+- ``non-negative``: no task starts before the pair.
+
+Each fact is a named assertion (``(assert (! formula :named c_k))``) tied to
+the constraint and its tasks, so when the schedule is wrong the unsat core
+names exactly what broke. Start times and durations are named real constants
+(``define-fun``) with the schedule's values, so only constraints appear in the
+core. Values are exact rationals (the floats' binary values). The two
+facts that are plain booleans before z3 sees them (a task's entry count is 1,
+an entry's stream is its task's) are written out only when they fail, as
+``false``, so the core still names them and valid schedules stay short.
+
+Scaling: the check is written as one SMT-LIB2 script with plain string
+formatting and parsed by z3 in C++ (``Solver.from_string``); building the same
+terms through z3's Python API costs tens of microseconds each, several times
+the whole text. The encoding is linear in the number of tasks: exclusivity is
+asserted only between neighbours in start-time order on each stream. If every
+task ends before the next one on its stream starts, the chain implies that no
+two tasks on the stream overlap, and a pair that does overlap always shows up
+as an overlapping neighbour pair.
+
+Times are compared with a tolerance of 1e-6 µs (a picosecond) because start
+times are floats computed as sums of floats.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+
+from passes.scheduling.pair_dag import PairDAG
+from passes.scheduling.schedule import PairSchedule
+from tessera_ir.errors import TesseraError
+
+TOLERANCE_US = Fraction(1, 10**6)
+
+
+class ScheduleError(TesseraError):
+    """A pair schedule that breaks a constraint. ``constraint`` names it; ``tasks`` are the tasks involved."""
+
+    def __init__(self, message: str, constraint: str = "", tasks: Sequence[str] = ()):
+        self.constraint = constraint
+        self.tasks = list(tasks)
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class ScheduleEntry:
+    """One task's slot as a schedule states it (the IR's ``pair_schedule`` entry)."""
+
+    task: str
+    start: float
+    duration: float
+    stream: str
+
+
+def entries_of(schedule: PairSchedule) -> list[ScheduleEntry]:
+    """Entries of a :class:`passes.scheduling.schedule.PairSchedule`."""
+    dag, start = schedule.dag, schedule.start
+    return [ScheduleEntry(t.name, start[i], t.duration, t.resource.value) for i, t in enumerate(dag.tasks)]
+
+
+def _q(x: float) -> Fraction:
+    return Fraction(x)
+
+
+def _real(x: Fraction) -> str:
+    """An exact SMT-LIB2 real literal: ``n.0``, ``(/ n.0 d.0)``, negated with ``(- ...)``."""
+    num, den = abs(x.numerator), x.denominator
+    text = f"{num}.0" if den == 1 else f"(/ {num}.0 {den}.0)"
+    return f"(- {text})" if x < 0 else text
+
+
+def check_schedule(dag: PairDAG, entries: Sequence[ScheduleEntry], where: str = "") -> None:
+    """Raise :class:`ScheduleError` unless ``entries`` is a valid schedule of ``dag``.
+
+    ``where`` (e.g. ``"pair_schedule @sched.0"``) prefixes the message.
+    """
+    import z3
+
+    prefix = f"{where}: " if where else ""
+    fix = "re-run the overlap-schedule pass to rebuild the schedule"
+
+    # placed-once is a counting fact about the entry list; it is asserted in z3 as
+    # count == 1 per task so it appears in the core like every other constraint.
+    index = {t.name: i for i, t in enumerate(dag.tasks)}
+    count = [0] * len(dag.tasks)
+    extra = [e.task for e in entries if e.task not in index]
+    if extra:
+        raise ScheduleError(
+            f"{prefix}violates placed-once: entries {extra} name tasks that are not in pair '{dag.name}'; {fix}",
+            "placed-once",
+            extra,
+        )
+    for e in entries:
+        count[index[e.task]] += 1
+    entry_of: dict[int, ScheduleEntry] = {}
+    for e in entries:
+        entry_of.setdefault(index[e.task], e)
+
+    # The whole check is written as one SMT-LIB2 script and parsed by z3 in C++:
+    # building each term through z3's Python API costs tens of microseconds, the
+    # text costs a fraction of that. Every constraint is a named assertion
+    # ``(assert (! formula :named c_k))``, so the unsat core names it; ``labels``
+    # maps ``c_k`` back to the constraint and its tasks.
+    labels: dict[str, tuple[str, list[str]]] = {}
+    lines = ["(set-option :produce-unsat-cores true)"]
+
+    def track(constraint: str, tasks: list[str], formula: str) -> None:
+        if formula == "true":
+            return  # holds by itself (a count of 1, a matching stream): nothing to prove
+        label = f"c_{len(labels)}"
+        labels[label] = (constraint, tasks)
+        lines.append(f"(assert (! {formula} :named {label}))")
+
+    lines.append(f"(define-fun tol () Real {_real(TOLERANCE_US)})")
+    tol = "tol"
+    present = [False] * len(dag.tasks)
+    for i, t in enumerate(dag.tasks):
+        track("placed-once", [t.name], "true" if count[i] == 1 else f"(= {count[i]} 1)")
+        if i not in entry_of:
+            continue
+        e = entry_of[i]
+        present[i] = True
+        # Start and duration are named constants (``define-fun``), not assertions, so
+        # only constraints appear in the core; z3 substitutes them while parsing,
+        # which makes the check several times faster than pinning variables.
+        lines.append(f"(define-fun s{i} () Real {_real(_q(e.start))}) (define-fun d{i} () Real {_real(_q(e.duration))})")
+        track("stream", [t.name], "true" if e.stream == t.resource.value else "false")
+        # |d - duration| <= tolerance
+        want = _real(_q(t.duration))
+        track("duration", [t.name], f"(and (<= (- d{i} {want}) {tol}) (<= (- {want} d{i}) {tol}))")
+        track("non-negative", [t.name], f"(>= s{i} (- {tol}))")
+        if t.movable and t.deadline is not None:
+            track("deadline", [t.name], f"(<= (+ s{i} d{i}) (+ {_real(_q(t.deadline))} {tol}))")
+    for j, t in enumerate(dag.tasks):
+        if not present[j]:
+            continue
+        for i in t.deps:
+            if present[i]:
+                track("dependency", [dag.tasks[i].name, t.name], f"(>= s{j} (- (+ s{i} d{i}) {tol}))")
+    by_stream: dict[str, list[int]] = {}
+    for i, e in entry_of.items():
+        by_stream.setdefault(e.stream, []).append(i)
+    for stream in sorted(by_stream):
+        order = sorted(
+            by_stream[stream],
+            key=lambda i: (entry_of[i].start, entry_of[i].start + entry_of[i].duration, dag.tasks[i].name),
+        )
+        for a, b in zip(order, order[1:]):
+            track("exclusive", [dag.tasks[a].name, dag.tasks[b].name], f"(>= s{b} (- (+ s{a} d{a}) {tol}))")
+
+    solver = z3.Solver()
+    solver.set(unsat_core=True)
+    solver.from_string("\n".join(lines))
+    result = solver.check()
+    if result == z3.sat:
+        return
+    core = [str(c) for c in solver.unsat_core()]
+    if not core:  # cannot happen with tracked assertions, but never report an empty reason
+        raise ScheduleError(f"{prefix}z3 found the schedule of pair '{dag.name}' inconsistent ({result}); {fix}")
+    violated = sorted((labels[c] for c in core), key=lambda x: (x[0], x[1]))
+    constraint, tasks = violated[0]
+    detail = _explain(dag, entry_of, count, constraint, tasks)
+    others = ""
+    if len(violated) > 1:
+        others = " (also: " + "; ".join(f"{c} {', '.join(ts)}" for c, ts in violated[1:4]) + ")"
+    raise ScheduleError(
+        f"{prefix}schedule of pair '{dag.name}' violates {constraint} for {', '.join(tasks)}: {detail}{others}; {fix}",
+        constraint,
+        tasks,
+    )
+
+
+def _explain(dag: PairDAG, entry_of: dict[int, ScheduleEntry], count: list[int], constraint: str, tasks: list[str]) -> str:
+    """Spell out the numbers behind one violated constraint."""
+    idx = {t.name: i for i, t in enumerate(dag.tasks)}
+    ts = [idx[n] for n in tasks]
+    if constraint == "placed-once":
+        return f"it has {count[ts[0]]} entries, expected exactly 1"
+    e = [entry_of.get(i) for i in ts]
+    if constraint == "stream" and e[0]:
+        return f"it runs on stream '{e[0].stream}' but is a {dag.tasks[ts[0]].resource.value} task"
+    if constraint == "duration" and e[0]:
+        return f"scheduled for {e[0].duration} us but takes {dag.tasks[ts[0]].duration} us"
+    if constraint == "non-negative" and e[0]:
+        return f"starts at {e[0].start} us, before the pair starts"
+    if constraint == "deadline" and e[0]:
+        return f"finishes at {e[0].start + e[0].duration} us, after its deadline {dag.tasks[ts[0]].deadline} us"
+    if constraint == "dependency" and e[0] and e[1]:
+        return f"'{tasks[1]}' starts at {e[1].start} us before '{tasks[0]}' finishes at {e[0].start + e[0].duration} us"
+    if constraint == "exclusive" and e[0] and e[1]:
+        return (
+            f"both run on stream '{e[0].stream}' at once: [{e[0].start}, {e[0].start + e[0].duration}) "
+            f"and [{e[1].start}, {e[1].start + e[1].duration}) us"
+        )
+    return "see the pair's schedule entries"
+
+
+def check_pair_schedule(schedule: PairSchedule, where: str = "") -> None:
+    """Check a :class:`passes.scheduling.schedule.PairSchedule` against its own DAG."""
+    check_schedule(schedule.dag, entries_of(schedule), where)

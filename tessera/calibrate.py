@@ -1,0 +1,59 @@
+"""``tessera-calibrate``: measure this machine's CPU once and cache it as the ``cpu`` hardware.
+
+Planning with ``--hardware cpu`` (and measured profiling on CPU) reads the cached
+description; loading it never measures. Run this once per machine and software version
+(the cache key includes the CPU model, thread counts and torch version), or let
+``tessera-compile --hardware cpu`` run it on first use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from tessera.cli import _run_tool
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tessera-calibrate",
+        description="Measure the local CPU with micro-benchmarks and cache it as the 'cpu' hardware description.",
+    )
+    p.add_argument("--refresh", action="store_true", help="measure again even when a calibration is cached")
+    p.add_argument("--quick", action="store_true", help="fewer, smaller micro-benchmarks (a smoke run)")
+    p.add_argument("--statistic", choices=["median", "min"], default="median",
+                   help="reading of each micro-benchmark's repeats (match profile{statistic=...})")
+    p.add_argument("--cache-dir", metavar="DIR", help="cache folder (default: $TESSERA_CACHE_DIR or ~/.cache/tessera)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    return p
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from passes.costs.calibrate_cpu import cpu_hardware
+    from passes.costs.calibration_cache import calibration_path
+
+    path = calibration_path(args.cache_dir, statistic=args.statistic)
+    measured = []
+
+    def announce(where: Path) -> None:
+        measured.append(where)
+        print(f"tessera-calibrate: measuring the local CPU (a minute or two) into {where}", file=sys.stderr, flush=True)
+
+    hw = cpu_hardware(args.cache_dir, refresh=args.refresh, quick=args.quick, statistic=args.statistic, announce=announce)
+    state = "calibrated" if measured else "already calibrated (--refresh measures again)"
+    print(f"{state}: {path}")
+    print(
+        f"  {hw.description}\n  fp32 {hw.peak_tflops['fp32'] * 1e3:.0f} GFLOP/s, memory {hw.hbm_gbps:.1f} GB/s, "
+        f"All-to-All {hw.a2a_gbps_intra_node:.2f} GB/s + {hw.a2a_latency_us:.0f} us, task overhead {hw.kernel_launch_us:.0f} us"
+    )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return _run_tool("tessera-calibrate", argv, _calibrate, _parser())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
