@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from passes.pipelining.order import rank_order
 from passes.simulation.engine import LANES, DboSettings, simulate
 from passes.simulation.program import COMPUTE, FWD, Action, Program, SimTask, SimulationInput, SimulationInputError
+from runtime.dbo import DboPolicy, MovableTask, SlotDecision, load_imbalance
 
 from sim_builders import moe_input, moe_program, textbook_input
 
@@ -148,3 +151,58 @@ def test_mfu_and_tokens_per_second() -> None:
     seconds = result.iteration_us * 1e-6
     assert result.tokens_per_s == pytest.approx(inp.tokens_per_iteration / seconds)
     assert result.mfu == pytest.approx(inp.flops_per_iteration / (2 * inp.peak_flops_per_rank * seconds))
+
+
+class _RecordingPolicy(DboPolicy):
+    """The DBO policy, noting the step at which every deferred task leaves the pool."""
+
+    def __init__(self, budget: int) -> None:
+        super().__init__(budget)
+        self.ran: list[tuple[MovableTask, int]] = []
+
+    def fill(self, step: int, predicted_us: float) -> SlotDecision:
+        decision = super().fill(step, predicted_us)
+        self.ran += [(t, step) for t in decision.tasks]
+        return decision
+
+    def due(self, step: int) -> list[MovableTask]:
+        out = super().due(step)
+        self.ran += [(t, step) for t in out]
+        return out
+
+
+EXPERTS, EP, LAYERS, MICROBATCHES = 8, 4, 8, 4
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    counts=st.lists(st.integers(0, 300), min_size=LAYERS * MICROBATCHES * EXPERTS, max_size=LAYERS * MICROBATCHES * EXPERTS),
+    budget=st.sampled_from([0, 2500, 6000, 10**9]),
+)
+def test_dbo_over_generated_token_counts(counts: list[int], budget: int) -> None:
+    """Every deferred task runs once, by its deadline step; no pool exceeds its budget; no rank idles."""
+    inp = moe_input(2, 2, MICROBATCHES, layers_per_chunk=2)
+    imbalance = [
+        [load_imbalance(counts[(layer * MICROBATCHES + mb) * EXPERTS : (layer * MICROBATCHES + mb + 1) * EXPERTS], EP)
+         for mb in range(MICROBATCHES)]
+        for layer in range(LAYERS)
+    ]
+    policies: dict[int, _RecordingPolicy] = {}
+
+    def factory(rank: int) -> DboPolicy:
+        policies[rank] = _RecordingPolicy(budget)
+        return policies[rank]
+
+    result = simulate(inp, imbalance, dbo=DboSettings(budget), record=True, policy_factory=factory)
+    deferrable = sum(1 for actions in inp.ranks for a in actions for t in a.program.tasks if t.deferrable)
+    ran = [e for e in result.events if ".wgrad" in e.name]
+    assert len(ran) == deferrable  # each instance once: in place, in a slot or as a fallback
+    for rank, policy in policies.items():
+        c = policy.counters
+        assert c.peak_pool_bytes <= budget
+        assert c.deferred == len(policy.ran) == c.placed + c.fallbacks
+        assert len({t.task_id for t, _ in policy.ran}) == len(policy.ran)
+        assert all(step <= t.deadline_step for t, step in policy.ran), rank
+    for rank in result.ranks:
+        for lane in rank.lanes.values():
+            assert lane.busy_us + lane.idle_us == pytest.approx(result.iteration_us, rel=1e-9)
