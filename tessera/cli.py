@@ -218,6 +218,8 @@ def _routing_spec(args: argparse.Namespace) -> RoutingSpec:
         raise TesseraError(f"--iterations must be at least 1, got {args.iterations}")
     if args.dp is not None and args.dp < 1:
         raise TesseraError(f"--dp must be a positive integer, got {args.dp}")
+    if args.routing_trace and not Path(args.routing_trace).is_file():
+        raise TesseraError(f"--routing-trace {args.routing_trace}: no such file (a JSON of per-iteration, per-layer expert counts)")
     return RoutingSpec(args.routing, seed=args.routing_seed, zipf_s=args.zipf_s, drift=args.drift, trace=args.routing_trace)
 
 

@@ -50,6 +50,7 @@ def test_outputs_that_need_a_plan_are_refused_without_partial_files(tmp_path: Pa
         (("--routing", "trace"), "needs a trace file"),
         (("--iterations", "0"), "--iterations must be at least 1"),
         (("--dp", "0"), "--dp must be a positive integer"),
+        (("--routing", "trace", "--routing-trace", "no/such/trace.json"), "no such file"),
     ],
 )
 def test_bad_simulation_settings_fail_before_capture(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], message: str) -> None:
