@@ -68,9 +68,11 @@ def plan_module(name: str, overrides: dict[str, int], dp: int, plans: Path | Non
     cached = plans / f"{name}_{key}_dp{dp}.tir" if plans else None
     if cached is not None and cached.is_file():
         module = parse_module(cached.read_text())
+        module.attrs["dp"] = dp
         PassManager(parse_pipeline("dbo-slots")).run(module)
-        return module, str(module.attrs.get("bench_memory_note", ""))
+        return module, str(module.attrs.get("bench_memory_note", "")) + "; plan read from --plans"
     module = frontend.capture(str(WORKLOADS / f"{name}.json"), overrides=overrides)
+    module.attrs["dp"] = dp  # what tessera-compile --dp records: the DBO's budget reads it
     note = "fits 80 GiB"
     base = "candidates,overlap-schedule,profile,{partition}"
     try:
@@ -82,6 +84,7 @@ def plan_module(name: str, overrides: dict[str, int], dp: int, plans: Path | Non
             raise
         note = "does not fit 80 GiB: planned without the memory limit"
         planned = frontend.capture(str(WORKLOADS / f"{name}.json"), overrides=overrides)
+        planned.attrs["dp"] = dp
         partition = f"partition{{memory-gib=1000000 time-limit={PARTITION_TIME_LIMIT_S}}}"
         PassManager(parse_pipeline(base.format(partition=partition))).run(planned)
     planned.attrs["bench_memory_note"] = note

@@ -147,7 +147,8 @@ def _compile_parser() -> argparse.ArgumentParser:
     cap.add_argument("--drift", type=float, default=0.05, help="drift: per-iteration step of log-popularity (default 0.05)")
     cap.add_argument("--routing-trace", metavar="PATH", help="trace routing: JSON of per-iteration, per-layer expert counts")
     cap.add_argument("--routing-seed", type=int, default=0, help="seed of the routing draws (default 0)")
-    cap.add_argument("--dp", type=int, default=None, help="data-parallel replicas (gradient reduction, tokens/s; default 1)")
+    cap.add_argument("--dp", type=int, default=None,
+                     help="data-parallel replicas, recorded on the module (gradient reduction, optimizer sharding, tokens/s; default 1)")
     cap.add_argument("--no-capacity", action="store_true", help="do not simulate the plan")
     return p
 
@@ -175,6 +176,8 @@ def _compile(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     module = capture(args.source, **parallel)
     module.attrs["hardware"] = args.hardware  # the target every pass, the report and viz read
+    if args.dp is not None:
+        module.attrs["dp"] = args.dp  # data-parallel replicas: the DBO's memory budget and the simulated iterations read it
     capture_s = time.perf_counter() - start
     start = time.perf_counter()
     if args.verify:
@@ -237,7 +240,7 @@ def _capacity(args: argparse.Namespace, module: Module, spec: RoutingSpec) -> tu
     from passes.plan_view import PlanView
     from passes.simulation.capacity import plan_capacity
 
-    result = plan_capacity(PlanView(module), spec, iterations=args.iterations, dp=args.dp, record=bool(args.trace or args.timeline))
+    result = plan_capacity(PlanView(module), spec, iterations=args.iterations, record=bool(args.trace or args.timeline))
     files: list[tuple[str, str | bytes]] = []
     if args.report_json:
         files.append((args.report_json, result.report.to_json()))
