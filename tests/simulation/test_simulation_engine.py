@@ -203,6 +203,6 @@ def test_dbo_over_generated_token_counts(counts: list[int], budget: int) -> None
         assert c.deferred == len(policy.ran) == c.placed + c.fallbacks
         assert len({t.task_id for t, _ in policy.ran}) == len(policy.ran)
         assert all(step <= t.deadline_step for t, step in policy.ran), rank
-    for rank in result.ranks:
-        for lane in rank.lanes.values():
+    for stats in result.ranks:
+        for lane in stats.lanes.values():
             assert lane.busy_us + lane.idle_us == pytest.approx(result.iteration_us, rel=1e-9)
