@@ -9,6 +9,7 @@ deadline (default: the end of the pair). The cost of the pair is the makespan.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -109,3 +110,25 @@ def left_shift(dag: PairDAG, values: Sequence[float], durations: Sequence[float]
         free[task.resource] = start[i] + dur[i]
         placed[i] = True
     return start
+
+
+def priority_order(names: Sequence[str], key: Sequence[float], preds: Sequence[Sequence[int]]) -> list[int]:
+    """A topological order of tasks ``0 .. len(names) - 1`` under ``preds`` that always takes the
+    ready task of highest ``key`` (ties: name). Tasks on a cycle are left out."""
+    n = len(names)
+    succ: list[list[int]] = [[] for _ in range(n)]
+    for i in range(n):
+        for p in preds[i]:
+            succ[p].append(i)
+    missing = [len(preds[i]) for i in range(n)]
+    heap = [(-key[i], names[i], i) for i in range(n) if missing[i] == 0]
+    heapq.heapify(heap)
+    out: list[int] = []
+    while heap:
+        _, _, i = heapq.heappop(heap)
+        out.append(i)
+        for s in succ[i]:
+            missing[s] -= 1
+            if missing[s] == 0:
+                heapq.heappush(heap, (-key[s], names[s], s))
+    return out
