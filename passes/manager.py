@@ -307,6 +307,13 @@ class PassTiming:
 _TIMING_PARTS: ContextVar[list[tuple[str, float]] | None] = ContextVar("tessera_pass_timing_parts", default=None)
 
 
+def without_cache(p: ModulePass) -> ModulePass:
+    """``p`` with its ``cache`` option off when it has one (``--no-cache``), else ``p`` itself."""
+    if "cache" in {f.name for f in dataclasses.fields(p)}:  # type: ignore[arg-type]
+        return dataclasses.replace(p, cache=False)  # type: ignore[type-var]
+    return p
+
+
 def note_time(label: str, seconds: float) -> None:
     """Record how long a part of the running pass took (``--timing`` shows it under the pass).
 

@@ -47,14 +47,18 @@ and the first error reported are the same for every ``jobs``.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from typing import Literal
 
-from passes.manager import ModulePass, PassError, option
+from passes.manager import ModulePass, PassError, note_time, option
 from passes.plan_view import PlanView
 from passes.scheduling.batch import schedule_all, worker_count
+from passes.scheduling.cache import ScheduleCache, sampled, schedule_key
 from passes.scheduling.check import ScheduleEntry, ScheduleError, check_schedule, entries_of
 from passes.scheduling.exact import ExactSolver
-from passes.scheduling.methods import Method
+from passes.scheduling.gap_fit import SCHEDULER_VERSION
+from passes.scheduling.methods import Method, schedule_dag
 from passes.scheduling.pair_dag import PairDAG, join_sides
 from passes.scheduling.schedule import PairSchedule
 from tessera_ir.errors import TesseraError
@@ -128,8 +132,15 @@ class OverlapSchedulePass(ModulePass):
     name = "overlap-schedule"
     summary = "Schedule every forward/backward pair on the compute and comm streams (backbone-first gap fit)."
 
-    method: Method = option("gap-fit", "scheduler: backbone-first gap fit, the two baselines, or the exact ILP")
-    verify: bool = option(True, "z3-check every schedule before writing it")
+    method: Method = option("gap-fit", "scheduler: backbone-first gap fit, the two baselines, or the exact solver")
+    verify: bool | Literal["new", "sample"] = option(
+        "new",
+        "exact check of every schedule, z3 proof of each schedule not proven before (new), of a sample of them "
+        "(sample), of every schedule (true); false: no check",
+    )
+    cache: bool = option(True, "reuse schedules from the on-disk schedule cache and add new ones to it")
+    cache_dir: str | None = option(None, "schedule cache folder's parent (unset: $TESSERA_CACHE_DIR or ~/.cache/tessera)")
+    cache_max_mb: float = option(256.0, "cap on the schedule cache's size; least recently used entries go first")
     time_limit: float = option(10.0, "method=exact: seconds per pair")
     solver: ExactSolver = option("cpsat", "method=exact: CP-SAT (deterministic), or a MILP solver as a cross-check")
     # Each DAG's schedule is a pure function of the DAG and the options (the exact method aside,
@@ -141,6 +152,8 @@ class OverlapSchedulePass(ModulePass):
             raise PassError(f"overlap-schedule: jobs must be a positive count (leave it unset for one per core), got {self.jobs}")
         if self.time_limit <= 0:
             raise PassError(f"overlap-schedule: time-limit must be positive, got {self.time_limit}")
+        if not self.cache_max_mb > 0:
+            raise PassError(f"overlap-schedule: cache-max-mb must be a positive size in MiB, got {self.cache_max_mb}")
 
     def apply(self, module: Module) -> bool:
         pairs = module.plan_ops("pair")
@@ -151,6 +164,7 @@ class OverlapSchedulePass(ModulePass):
         module.plan = [op for op in module.plan if op.op != "pair_schedule"]
         for op in pairs:
             op.attrs.pop("schedule", None)
+        t0 = time.perf_counter()
         view = PlanView(module)
         # Pairs are grouped by (forward side's signature, backward side's signature). That
         # is the same grouping as by whole-DAG signature: the DAG is the forward side
@@ -172,24 +186,100 @@ class OverlapSchedulePass(ModulePass):
                 groups[key] = (join_sides(fwd, bwd, op.name), [])
             groups[key][1].append(op.name)
         dags = [dag for dag, _ in groups.values()]
-        # Errors come in the order of a pair-by-pair run: scheduling the DAGs met before a
-        # pair that cannot be built, then that pair, then the checks in schedule order.
-        solved, valid = schedule_all(
-            dags, self.method, self.time_limit, self.solver, self.verify, worker_count(self.jobs, len(dags))
-        )
+        note_time("build pair DAGs", time.perf_counter() - t0)
+        solved = self._schedules(dags, failed)
         if failed is not None:
             raise failed
-        if self.verify:
-            for k, sched in enumerate(solved):
-                if not valid[k]:
-                    check_schedule(sched.dag, entries_of(sched), where=f"pair_schedule @sched.{k}")
+        t0 = time.perf_counter()
         ops = {op.name: op for op in pairs}
         for k, (sched, (_, members)) in enumerate(zip(solved, groups.values())):
             name = f"sched.{k}"
-            module.plan.append(schedule_op(sched, name, members, self.verify))
+            op = schedule_op(sched, name, members, self.verify is not False)
+            module.plan.append(op)
             for pair_name in members:
                 attrs = ops[pair_name].attrs
                 attrs["schedule"] = SymbolRef(name)
-                attrs["makespan"] = sched.makespan
-                attrs["lower_bound"] = sched.dag.lower_bound()
+                attrs["makespan"] = op.attrs["makespan"]
+                attrs["lower_bound"] = op.attrs["lower_bound"]
+        note_time("write schedule ops", time.perf_counter() - t0)
         return True
+
+    def _cacheable(self) -> bool:
+        # A wall-clock limited MILP's answer depends on the machine; everything else is a pure
+        # function of the DAG and the options.
+        return self.cache and not (self.method == "exact" and self.solver != "cpsat")
+
+    def _schedules(self, dags: list[PairDAG], failed: Exception | None) -> list[PairSchedule]:
+        """A checked schedule of every DAG: from the cache when it holds one that passes the
+        exact check, else scheduled (and cached). Errors as a run without the cache raises them."""
+        t0 = time.perf_counter()
+        options: dict[str, object] = {"method": self.method}
+        if self.method == "exact":
+            options.update(solver=self.solver, time_limit=self.time_limit)
+        keys = [schedule_key(dag, SCHEDULER_VERSION, options) for dag in dags]
+        cache = ScheduleCache(self.cache_dir, int(self.cache_max_mb * 2**20)) if self._cacheable() else None
+        found = [cache.get(key, dag) if cache is not None else None for key, dag in zip(keys, dags)]
+        note_time("schedule cache lookup", time.perf_counter() - t0)
+
+        def wants_proof(k: int) -> bool:
+            if self.verify is True:
+                return True  # every schedule, cached or not
+            entry = found[k]
+            if self.verify is False or (entry is not None and entry.proven):
+                return False
+            return self.verify == "new" or sampled(keys[k])
+
+        todo = [k for k, entry in enumerate(found) if entry is None]
+        fresh = schedule_all(
+            [dags[k] for k in todo], self.method, self.time_limit, self.solver,
+            [wants_proof(k) for k in todo], worker_count(self.jobs, len(todo)),
+        )
+        note_time("schedule (cpu seconds, all workers)", fresh.schedule_seconds)
+        if fresh.prove_seconds:
+            note_time("z3 proof in workers (cpu seconds)", fresh.prove_seconds)
+        schedules: list[PairSchedule] = []
+        proven: list[bool] = []
+        fresh_of = dict(zip(todo, range(len(todo))))
+        for k, entry in enumerate(found):
+            if entry is not None:
+                schedules.append(entry.schedule)
+                proven.append(entry.proven and self.verify is not True)
+            else:
+                schedules.append(fresh.schedules[fresh_of[k]])
+                proven.append(fresh.proven[fresh_of[k]])
+        if failed is not None:
+            return schedules  # the caller raises the error of the pair that could not be built
+        check_s = prove_s = 0.0
+        for k in range(len(schedules)) if self.verify is not False else ():
+            where = f"pair_schedule @sched.{k}"
+            prove = wants_proof(k) and not proven[k]
+            t1 = time.perf_counter()
+            try:
+                check_schedule(dags[k], entries_of(schedules[k]), where, prove=prove)
+            except ScheduleError as err:
+                if found[k] is None:
+                    raise
+                # Never trusted: a cached schedule that fails is dropped and the pair scheduled again.
+                cache.ignore_invalid(keys[k], err)  # type: ignore[union-attr]
+                found[k] = None
+                schedules[k] = schedule_dag(dags[k], self.method, self.time_limit, self.solver)
+                prove = wants_proof(k)
+                check_schedule(dags[k], entries_of(schedules[k]), where, prove=prove)
+            proven[k] = proven[k] or prove
+            if prove:
+                prove_s += time.perf_counter() - t1
+            else:
+                check_s += time.perf_counter() - t1
+        note_time("exact check", check_s)
+        if prove_s:
+            note_time("z3 proof", prove_s)
+        if cache is not None:
+            t1 = time.perf_counter()
+            for k, sched in enumerate(schedules):
+                entry = found[k]
+                if entry is None or (proven[k] and not entry.proven):
+                    cache.put(keys[k], sched, proven[k])
+            if cache.written:
+                cache.trim()
+            note_time("schedule cache write", time.perf_counter() - t1)
+        return schedules

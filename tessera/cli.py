@@ -16,7 +16,8 @@ import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from passes.manager import PASS_REGISTRY, ModulePass, PassManager, get_pass_class
+from passes.manager import PASS_REGISTRY, ModulePass, PassManager, get_pass_class, without_cache
+from passes.scheduling.cache import ScheduleCacheWarning
 from passes.simulation.routing import DEFAULT_ZIPF_S, ROUTING_KINDS, RoutingSpec
 from tessera.driver import EXIT_USER_ERROR, Run, run_tool, tool_parser
 from tessera_ir.errors import TesseraError
@@ -113,6 +114,8 @@ def _compile_parser() -> argparse.ArgumentParser:
     p.add_argument("--dump-dir", metavar="DIR", help="write --dump-after dumps as files in DIR instead of stderr")
     p.add_argument("--no-verify", dest="verify", action="store_false", help="skip the verifier between passes")
     p.add_argument("--timing", action="store_true", help="print how long capture and each pass took")
+    p.add_argument("--no-cache", dest="cache", action="store_false",
+                   help="neither read nor write the schedule cache (passes' cache=false)")
     _hardware_flag(p, "h100", "target hardware the plan is for (default h100; cpu: this machine, calibrated once)")
     p.add_argument("--layer-kind", action="append", default=[], metavar="INDEX=KIND",
                    help="set the mixer kind of decoder layers, e.g. 3=linear_attention or 0-2,5=ssm (repeatable; "
@@ -197,6 +200,8 @@ def _compile(args: argparse.Namespace, run: Run) -> int:
     }
     pipeline = DEFAULT_PIPELINE if args.passes is None else ("" if args.passes == "none" else args.passes)
     passes = parse_pipeline(pipeline) if pipeline.strip() else []  # a bad pipeline fails before the capture
+    if not args.cache:
+        passes = [without_cache(p) for p in passes]
     routing = _routing_spec(args)  # so do bad simulation settings
     dump = _dump_callback(run, args.dump_after, args.dump_dir)
     parallel = {flag.lstrip("-").replace("-", "_"): getattr(args, flag.lstrip("-").replace("-", "_")) for flag, _, _ in PARALLEL_FLAGS}
@@ -219,7 +224,14 @@ def _compile(args: argparse.Namespace, run: Run) -> int:
     if args.verify:
         verify(module)
     verify_s = time.perf_counter() - start
-    manager = run_passes(module, passes, verify=args.verify, dump_after=dump)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ScheduleCacheWarning)
+        manager = run_passes(module, passes, verify=args.verify, dump_after=dump)
+    for warning in caught:
+        if issubclass(warning.category, ScheduleCacheWarning):
+            run.note(f"warning: {warning.message}")
+        else:
+            warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
 
     # Render everything before writing anything, so a failure leaves no output at all.
     if output:

@@ -19,6 +19,7 @@ are overwritten.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -46,6 +47,7 @@ def resolve_cache_dir(option: str | None) -> Path:
     return Path(option).expanduser() if option else default_cache_dir()
 
 
+@functools.cache
 def tessera_version() -> str:
     from importlib import metadata
 

@@ -8,6 +8,8 @@ the first error raised are the same for every number of workers.
 from __future__ import annotations
 
 import os
+import time
+from dataclasses import dataclass
 
 from passes.scheduling.check import check_schedule, entries_of
 from passes.scheduling.exact import ExactSolver
@@ -32,61 +34,80 @@ def worker_count(jobs: int | None, dags: int) -> int:
     return min(wanted, dags // MIN_DAGS_PER_WORKER) if dags >= 2 * MIN_DAGS_PER_WORKER else 1
 
 
-# The DAGs and options a worker process reads: set before the pool forks, so the
-# workers inherit them instead of receiving them pickled.
-_WORK: tuple[list[PairDAG], Method, float, ExactSolver, bool] | None = None
+# The DAGs, options and which schedules to prove that a worker process reads: set before the
+# pool forks, so the workers inherit them instead of receiving them pickled.
+_WORK: tuple[list[PairDAG], Method, float, ExactSolver, list[bool]] | None = None
 
 
-def _solve_in_worker(k: int) -> tuple[list[float], str, str, float | None, dict, bool] | None:
-    """Schedule DAG ``k`` of ``_WORK`` and, when asked, z3-check it: (start times, method,
-    status, bound, stats, checked and valid), or None when scheduling failed. Failures
-    are redone in the main process, which raises them exactly as a run without workers."""
+@dataclass
+class Solved:
+    """Schedules of a batch of DAGs, which of them z3 proved valid, and the CPU seconds spent."""
+
+    schedules: list[PairSchedule]
+    proven: list[bool]
+    schedule_seconds: float = 0.0
+    prove_seconds: float = 0.0
+
+
+def _solve_in_worker(k: int) -> tuple[list[float], str, str, float | None, dict, bool, float, float] | None:
+    """Schedule DAG ``k`` of ``_WORK`` and, when asked, z3-prove it: (start times, method, status,
+    bound, stats, proven valid, seconds scheduling, seconds proving), or None when scheduling
+    failed. Failures are redone in the main process, which raises them exactly as a run without
+    workers."""
     assert _WORK is not None
-    dags, method, time_limit, solver, verify = _WORK
+    dags, method, time_limit, solver, prove = _WORK
+    t0 = time.process_time()
     try:
         sched = schedule_dag(dags[k], method, time_limit, solver)
     except Exception:  # noqa: BLE001 - any failure is redone in the main process
         return None
+    t1 = time.process_time()
     valid = False
-    if verify:
+    if prove[k]:
         try:
-            check_schedule(sched.dag, entries_of(sched))
+            check_schedule(sched.dag, entries_of(sched), prove=True)
             valid = True
         except Exception:  # noqa: BLE001 - likewise
             pass
-    return sched.start, sched.method, sched.status, sched.bound, sched.stats, valid
+    return sched.start, sched.method, sched.status, sched.bound, sched.stats, valid, t1 - t0, time.process_time() - t1
 
 
 def schedule_all(
-    dags: list[PairDAG], method: Method, time_limit: float, solver: ExactSolver, verify: bool, workers: int
-) -> tuple[list[PairSchedule], list[bool]]:
-    """Schedules of ``dags`` in order, and for each whether it was already z3-checked and valid.
+    dags: list[PairDAG], method: Method, time_limit: float, solver: ExactSolver, prove: list[bool], workers: int
+) -> Solved:
+    """Schedules of ``dags`` in order, and for each whether z3 already proved it valid.
 
-    Without workers nothing is checked here, and the first DAG that cannot be
-    scheduled raises. With several, the DAGs are spread over forked processes that
-    also run the check (the slower half of the work); a DAG whose scheduling failed
-    there is redone here, in order, so the error raised is the one a run without
+    Without workers nothing is proven here, and the first DAG that cannot be scheduled
+    raises. With several, the DAGs are spread over forked processes that also run the z3
+    proof of the DAGs ``prove`` marks (the slower half of the work); a DAG whose scheduling
+    failed there is redone here, in order, so the error raised is the one a run without
     workers raises (scheduling is deterministic).
     """
     import multiprocessing
 
     if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
-        return [schedule_dag(dag, method, time_limit, solver) for dag in dags], [False] * len(dags)
+        t0 = time.perf_counter()
+        scheds = [schedule_dag(dag, method, time_limit, solver) for dag in dags]
+        return Solved(scheds, [False] * len(dags), time.perf_counter() - t0)
     global _WORK
-    _WORK = (dags, method, time_limit, solver, verify)
+    _WORK = (dags, method, time_limit, solver, prove)
     try:
         with multiprocessing.get_context("fork").Pool(workers) as pool:
             # Small chunks keep both workers busy to the end (DAG sizes vary a lot).
             results = pool.map(_solve_in_worker, range(len(dags)), chunksize=4)
     finally:
         _WORK = None
-    scheds, valid = [], []
+    out = Solved([], [])
     for dag, res in zip(dags, results):
         if res is None:
-            scheds.append(schedule_dag(dag, method, time_limit, solver))
-            valid.append(False)
+            t0 = time.perf_counter()
+            out.schedules.append(schedule_dag(dag, method, time_limit, solver))
+            out.proven.append(False)
+            out.schedule_seconds += time.perf_counter() - t0
         else:
-            start, used, status, bound, stats, ok = res
-            scheds.append(PairSchedule(dag, start, used, status=status, bound=bound, stats=stats))
-            valid.append(ok)
-    return scheds, valid
+            start, used, status, bound, stats, ok, schedule_s, prove_s = res
+            out.schedules.append(PairSchedule(dag, start, used, status=status, bound=bound, stats=stats))
+            out.proven.append(ok)
+            out.schedule_seconds += schedule_s
+            out.prove_seconds += prove_s
+    return out

@@ -289,10 +289,10 @@ def test_pass_rejects_a_corrupted_schedule(monkeypatch: pytest.MonkeyPatch) -> N
 
     monkeypatch.setitem(SCHEDULERS, "gap-fit", broken)
     with pytest.raises(ScheduleError, match="violates"):
-        OverlapSchedulePass().apply(paired_module([(["l0"], ["l1"])]))
+        OverlapSchedulePass(cache=False).apply(paired_module([(["l0"], ["l1"])]))
     # verify=false writes it anyway and says so
     module = paired_module([(["l0"], ["l1"])])
-    OverlapSchedulePass(verify=False).apply(module)
+    OverlapSchedulePass(verify=False, cache=False).apply(module)
     assert module.plan_ops("pair_schedule")[0].attrs["verified"] is False
 
 
@@ -423,8 +423,8 @@ def test_worker_processes_give_identical_results(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(batch, "MIN_DAGS_PER_WORKER", 1)
     alone, spread = many_pairs_module(), many_pairs_module()
-    OverlapSchedulePass(jobs=1).apply(alone)
-    OverlapSchedulePass(jobs=2).apply(spread)
+    OverlapSchedulePass(jobs=1, cache=False).apply(alone)
+    OverlapSchedulePass(jobs=2, cache=False).apply(spread)
     assert len(alone.plan_ops("pair_schedule")) >= 4
     assert print_module(spread) == print_module(alone)
     with pytest.raises(PassError, match="jobs must be"):
@@ -442,7 +442,7 @@ def test_worker_processes_report_a_corrupted_schedule_like_one_process(monkeypat
     messages = []
     for jobs in (1, 2):
         with pytest.raises(ScheduleError) as info:
-            OverlapSchedulePass(jobs=jobs).apply(many_pairs_module())
+            OverlapSchedulePass(jobs=jobs, cache=False).apply(many_pairs_module())
         messages.append(str(info.value))
     assert messages[0] == messages[1] and "pair_schedule @sched.0" in messages[0]
 

@@ -1,0 +1,216 @@
+"""On-disk cache of pair schedules, beside the profile cache and under the same rules.
+
+A schedule is a pure function of its pair DAG and the scheduler (its version and options),
+so it is cached under a key that is the SHA-256 of exactly those:
+
+- the DAG's canonical signature (:func:`dag_signature`): per task its kind, resource,
+  duration, dependencies, side, movability and deadline, in DAG order; task and layer names
+  are left out, so pairs that differ only in names share an entry;
+- the method and the options that change its answer (``exact``: solver and time limit);
+- the scheduler's version (:data:`passes.scheduling.gap_fit.SCHEDULER_VERSION`: a hash of
+  the search's C++ sources, its Python driver and its effort, so it changes whenever the
+  heuristic's output can), the cache format and tessera's version.
+
+Changing one layer's cost changes the signature of exactly the DAGs that contain it, so only
+those are scheduled again. Wall-clock limited solvers (the MILP cross-check) are not cached:
+their answer depends on the machine.
+
+Layout: ``<cache dir>/schedules/<key>.json``, the cache dir being the profile cache's
+(``cache-dir`` option, else ``$TESSERA_CACHE_DIR``, else ``~/.cache/tessera``). Entries are
+written to a temporary file and renamed into place, so readers only ever see whole entries.
+An entry records whether its schedule was proven valid by z3 when it was made.
+
+Nothing read from the cache is trusted: an entry that cannot be parsed, names another key,
+or does not fit the DAG is ignored with a :class:`ScheduleCacheWarning` (and overwritten),
+and every schedule taken from it passes the same exact validity check as a fresh one (the
+overlap-schedule pass runs it). The cache is capped (``max_bytes``): after writing, the
+least recently used entries (by modification time; a hit refreshes it) are removed until it
+fits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import socket
+import tempfile
+import warnings
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from passes.costs.profile_cache import resolve_cache_dir, tessera_version
+from passes.scheduling.pair_dag import PairDAG
+from passes.scheduling.schedule import PairSchedule
+
+CACHE_FORMAT = 1
+DEFAULT_MAX_BYTES = 256 * 2**20
+
+
+class ScheduleCacheWarning(UserWarning):
+    """A schedule cache entry that was ignored (damaged, foreign) or a cache that cannot be written."""
+
+
+def dag_signature(dag: PairDAG) -> list[list[object]]:
+    """What a schedule depends on, task by task (floats spelled exactly, in hex)."""
+    return [
+        [
+            t.kind,
+            t.resource.value,
+            float(t.duration).hex(),
+            list(t.deps),
+            t.side,
+            t.movable,
+            None if t.deadline is None else float(t.deadline).hex(),
+        ]
+        for t in dag.tasks
+    ]
+
+
+SAMPLE_ONE_IN = 8
+
+
+def sampled(key: str) -> bool:
+    """Whether ``verify=sample`` proves the schedule under ``key``: one in ``SAMPLE_ONE_IN``,
+    chosen by the key, so the same DAG is always in or out of the sample."""
+    return int(key[:8], 16) % SAMPLE_ONE_IN == 0
+
+
+def schedule_key(dag: PairDAG, scheduler: str, options: dict[str, object]) -> str:
+    blob = json.dumps(
+        {
+            "format": CACHE_FORMAT,
+            "tessera": tessera_version(),
+            "scheduler": scheduler,
+            "options": options,
+            "dag": dag_signature(dag),
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+@dataclass
+class CachedSchedule:
+    schedule: PairSchedule
+    proven: bool  # z3 proved it valid when it was made
+
+
+class ScheduleCache:
+    def __init__(self, root: Path | str | None = None, max_bytes: int = DEFAULT_MAX_BYTES):
+        self.dir = resolve_cache_dir(None if root is None else str(root)) / "schedules"
+        self.max_bytes = max_bytes
+        self.written = 0
+        self.hits = 0
+        self.ignored = 0
+
+    def path(self, key: str) -> Path:
+        return self.dir / f"{key}.json"
+
+    def get(self, key: str, dag: PairDAG) -> CachedSchedule | None:
+        """The cached schedule of ``dag`` under ``key``, or None (missing, or ignored with a warning)."""
+        path = self.path(key)
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            self._ignore(path, f"cannot be read ({err.strerror})")
+            return None
+        try:
+            data = json.loads(text)
+            if not isinstance(data, dict):
+                raise ValueError("not an object")
+            if data.get("format") != CACHE_FORMAT or data.get("key") != key:
+                self._ignore(path, "belongs to another key or cache format")
+                return None
+            start = data["start"]
+            if not (
+                isinstance(start, list)
+                and len(start) == len(dag.tasks)
+                and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in start)
+            ):
+                self._ignore(path, f"does not hold {len(dag.tasks)} finite start times")
+                return None
+            bound = data.get("bound")
+            sched = PairSchedule(
+                dag,
+                [float(x) for x in start],
+                str(data["method"]),
+                status=str(data["status"]),
+                bound=None if bound is None else float(bound),
+                stats={"cache": "hit"},
+            )
+            proven = data.get("proven") is True
+        except (ValueError, KeyError, TypeError) as err:
+            self._ignore(path, f"is damaged ({err})")
+            return None
+        self.hits += 1
+        try:
+            os.utime(path)  # recently used: the size cap removes it last
+        except OSError:
+            pass
+        return CachedSchedule(sched, proven)
+
+    def _ignore(self, path: Path, why: str) -> None:
+        self.ignored += 1
+        warnings.warn(
+            f"schedule cache entry {path} {why}; ignoring it and scheduling the pair again",
+            ScheduleCacheWarning,
+            stacklevel=3,
+        )
+        return None
+
+    def ignore_invalid(self, key: str, error: Exception) -> None:
+        """Warn that the entry under ``key`` failed the validity check; it is overwritten later."""
+        self._ignore(self.path(key), f"holds an invalid schedule ({error})")
+
+    def put(self, key: str, schedule: PairSchedule, proven: bool) -> None:
+        entry = {
+            "format": CACHE_FORMAT,
+            "key": key,
+            "method": schedule.method,
+            "status": schedule.status,
+            "bound": schedule.bound,
+            "start": schedule.start,
+            "proven": proven,
+            "tasks": len(schedule.dag.tasks),
+            "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "host": socket.gethostname(),
+        }
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=self.dir)
+            with os.fdopen(fd, "w") as f:
+                json.dump(entry, f, separators=(",", ":"))
+            os.replace(tmp, self.path(key))
+            self.written += 1
+        except OSError as err:
+            warnings.warn(
+                f"cannot write the schedule cache in {self.dir}: {err}; schedules are not cached (pick a writable "
+                "folder with the cache-dir option or TESSERA_CACHE_DIR, or turn the cache off with cache=false)",
+                ScheduleCacheWarning,
+                stacklevel=2,
+            )
+
+    def trim(self) -> int:
+        """Remove the least recently used entries until the cache fits ``max_bytes``; how many went."""
+        try:
+            files = [(p.stat(), p) for p in self.dir.glob("*.json")]
+        except OSError:
+            return 0
+        total = sum(st.st_size for st, _ in files)
+        removed = 0
+        for st, p in sorted(files, key=lambda f: (f[0].st_mtime, f[1].name)):
+            if total <= self.max_bytes:
+                break
+            try:
+                p.unlink()
+            except OSError:
+                continue
+            total -= st.st_size
+            removed += 1
+        return removed
