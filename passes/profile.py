@@ -148,7 +148,33 @@ class ProfilePass(ModulePass):
         # Pairs that share a schedule usually have identical re-timing inputs up to task
         # names; each distinct input is re-timed once (see retime_key).
         costs: dict[tuple, tuple[float, float, float]] = {}
+        # Cheaper still: pairs with the same schedule, the same side signatures (kinds,
+        # durations, dependencies) and the same utilisations have the same re-timing input
+        # up to names, so only the first of them is turned into one.
+        by_sides: dict[tuple, tuple[float, float, float]] = {}
+        utilisations: dict[int, int] = {}
+        utilisation_ids: dict[tuple, int] = {}
+
+        def utilisation_id(side: list) -> int:
+            got = utilisations.get(id(side))
+            if got is None:
+                signature = tuple(view.utilisation(view.tasks[t.name]) for t in side)
+                got = utilisations[id(side)] = utilisation_ids.setdefault(signature, len(utilisation_ids))
+            return got
+
         for pair in view.pairs:
+            sides_key = None
+            if pair.schedule is not None:
+                fwd, bwd = view.pair_sides(pair)
+                sides_key = (
+                    pair.schedule.name, view.side_id(fwd), utilisation_id(fwd), view.side_id(bwd), utilisation_id(bwd)
+                )
+                known = by_sides.get(sides_key)
+                if known is not None:
+                    pair.op.attrs.update(
+                        post_overlap_us=known[0], cost_source="analytic", serial_us=known[1], overlap_us=known[2]
+                    )
+                    continue
             tasks = contended_tasks(view.scheduled_tasks(pair), view.duration, view.utilisation)
             key = retime_key(tasks)
             cost = costs.get(key) if key is not None else None
@@ -157,6 +183,8 @@ class ProfilePass(ModulePass):
                 cost = (contended.makespan, contended.isolated_sum, free.makespan)
                 if key is not None:
                     costs[key] = cost
+            if sides_key is not None:
+                by_sides[sides_key] = cost
             pair.op.attrs.update(post_overlap_us=cost[0], cost_source="analytic", serial_us=cost[1], overlap_us=cost[2])
         module.attrs.update(profile_mode="analytic", profile_hardware=view.hardware_name, profile_pairs=len(view.pairs))
 
