@@ -27,15 +27,25 @@ the same order) share one schedule: it is computed once, emitted once, and its e
 name the tasks of the first such pair; the other pairs match it position by position
 (entries are listed in DAG order).
 
-Methods (option ``method``): ``gap-fit`` (default; backbone first, gap fit,
-:mod:`passes.scheduling.gap_fit`), ``serial`` and ``fixed-template`` (baselines,
-:mod:`passes.scheduling.baselines`), ``exact`` (the ILP of :mod:`passes.scheduling.exact`,
-for small pairs; ``time-limit`` seconds per pair and ``solver`` highs|cbc; the schedule op
+Methods (option ``method``): ``gap-fit`` (default; constructive schedules and local search on
+the stream orders, :mod:`passes.scheduling.gap_fit`), ``serial`` and ``fixed-template``
+(baselines, :mod:`passes.scheduling.baselines`), ``exact`` (CP-SAT, :mod:`passes.scheduling.exact`;
+``time-limit`` deterministic seconds per pair, ``solver`` cpsat|highs|cbc; the schedule op
 records ``status`` = optimal/feasible/timeout).
 
-With ``verify=true`` (default) every schedule is checked by z3 (:mod:`passes.scheduling.check`)
-before it is written; a schedule that breaks a constraint stops the pass with a
-:class:`~passes.scheduling.check.ScheduleError`.
+Checking (option ``verify``): every schedule, computed or cached, passes the exact validity
+check (:func:`passes.scheduling.check.check_schedule`, the conditions of
+``tessera_ir.schedule_rules``); z3 proves them independently for each distinct DAG the first
+time it is scheduled (``new``, default: the proof is recorded in the cache entry), for a sample
+chosen by the DAG's key (``sample``), or for every schedule on every run (``true``); ``false``
+checks nothing. A schedule that fails stops the pass with a
+:class:`~passes.scheduling.check.ScheduleError`; a cached one that fails is dropped with a
+warning and the pair scheduled again.
+
+Cache (options ``cache``, ``cache-dir``, ``cache-max-mb``): schedules are kept on disk beside
+the profile cache (:mod:`passes.scheduling.cache`), keyed by the DAG's signature and the
+scheduler's version and options, so a recompile schedules only DAGs it has not seen. The IR is
+byte-identical with and without the cache.
 
 Speed: each distinct side of a pair (a list of forward or backward layers) is built once
 by the view, and pairs are grouped by their two side signatures, so a DAG is built only
