@@ -91,6 +91,8 @@ def schedule_op(schedule: PairSchedule, name: str, pairs: list[str], verified: b
     }
     if schedule.method == "exact":
         attrs["status"] = schedule.status
+        if schedule.bound is not None:
+            attrs["proven_bound"] = schedule.bound  # what the solver proved no schedule beats
     order = schedule.order_of()
     entries = [
         PlanEntry(

@@ -458,3 +458,32 @@ def test_grouping_by_side_signatures_is_grouping_by_dag_signature() -> None:
         by_signature.setdefault(side_signature(dag.tasks), []).append(pair.name)
     groups = [[ref.name for ref in s.attrs["pairs"] if isinstance(ref, SymbolRef)] for s in module.plan_ops("pair_schedule")]  # type: ignore[union-attr]
     assert groups == list(by_signature.values())
+
+
+def test_ir_deadlines_bind_in_the_pass_and_the_exact_solver() -> None:
+    from passes.scheduling.exact import exact
+    from passes.scheduling.schedule import heads
+
+    free = paired_module([(["l0", "l1"], ["l2", "l3"])])
+    OverlapSchedulePass(cache=False).apply(free)
+    view = PlanView(free)
+    dag = view.pair_dag(view.pair("pair.0"))
+    entries = {e.ref: e.attrs for e in free.plan_ops("pair_schedule")[0].entries}
+    movable = [i for i, t in enumerate(dag.tasks) if t.movable]
+    last = max(movable, key=lambda i: entries[dag.tasks[i].name]["start"])
+    finish = entries[dag.tasks[last].name]["start"] + dag.tasks[last].duration
+    earliest = heads(dag)[last] + dag.tasks[last].duration
+    assert earliest < finish  # without a deadline it runs later than it could
+    deadline = earliest + (finish - earliest) / 4
+
+    bound = paired_module([(["l0", "l1"], ["l2", "l3"])])
+    bound.task_map()[dag.tasks[last].name].attrs["deadline"] = deadline
+    OverlapSchedulePass(cache=False).apply(bound)
+    got = {e.ref: e.attrs for e in bound.plan_ops("pair_schedule")[0].entries}
+    assert got[dag.tasks[last].name]["start"] + dag.tasks[last].duration <= deadline + 1e-6
+    view = PlanView(bound)
+    tight = view.pair_dag(view.pair("pair.0"))
+    assert tight.tasks[last].deadline == deadline
+    optimum = exact(tight, time_limit_s=5)
+    check_pair_schedule(optimum)
+    assert optimum.finish(last) <= deadline + 1e-6

@@ -139,3 +139,18 @@ def test_size_cap_removes_least_recently_used_entries(tmp_path: Path) -> None:
     assert sorted((tmp_path / "schedules").glob("*.json")) == files[-2:]
     with pytest.raises(Exception, match="cache-max-mb must be a positive"):
         OverlapSchedulePass(cache_max_mb=0)
+
+
+def test_no_cache_turns_off_only_passes_that_have_a_cache() -> None:
+    from passes.manager import parse_pipeline, without_cache
+
+    overlap, profile = parse_pipeline("overlap-schedule{verify=sample},profile")
+    off = without_cache(overlap)
+    assert isinstance(off, OverlapSchedulePass) and off.cache is False and off.verify == "sample"
+    assert without_cache(profile) is profile
+
+
+def test_verify_sample_proves_exactly_the_sampled_dags(tmp_path: Path) -> None:
+    OverlapSchedulePass(cache_dir=str(tmp_path), jobs=1, verify="sample").apply(many_pairs_module())
+    entries = [json.loads(p.read_text()) for p in (tmp_path / "schedules").glob("*.json")]
+    assert entries and all(e["proven"] is sampled(e["key"]) for e in entries)
