@@ -55,6 +55,10 @@ sanitize: $(STAMP)
 	ASAN_OPTIONS=detect_leaks=0:hard_rss_limit_mb=6000 LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-name=libstdc++.so)" \
 	  TESSERA_RUNTIME_EXTENSION=$$(ls $(abspath $(SANITIZE_DIR))/_core*.so) \
 	  $(BIN)/pytest -q -p no:cacheprovider tests/runtime --ignore=tests/runtime/test_pair_executor.py
+	# The pair-schedule search (passes/scheduling/csrc) under the same sanitizers.
+	ASAN_OPTIONS=detect_leaks=0:hard_rss_limit_mb=6000 LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-name=libstdc++.so)" \
+	  TESSERA_SEARCH_EXTENSION=$$(ls $(abspath $(SANITIZE_DIR))/_search*.so) \
+	  $(BIN)/pytest -q -p no:cacheprovider tests/passes/scheduling tests/passes/test_overlap_schedule.py
 
 test-fast: $(STAMP)
 	$(BIN)/pytest -q -m "not slow"
