@@ -74,6 +74,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_ir_text.py
 	$(BIN)/python bench/bench_parse.py
 	$(BIN)/python bench/bench_pair_schedule.py
+	$(BIN)/python bench/bench_real_pairs.py
+	$(BIN)/python bench/bench_compile_time.py
 	$(BIN)/python bench/bench_partition.py
 	$(BIN)/python bench/bench_cost_model.py
 	$(BIN)/python bench/bench_runtime.py

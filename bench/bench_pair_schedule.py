@@ -368,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="a small subset (chunks of 1-2 layers, few random pairs)")
     ap.add_argument("--ilp-max-tasks", type=int, default=40)
     ap.add_argument("--ilp-time-limit", type=float, default=10.0)
-    ap.add_argument("--solver", default="highs", choices=["highs", "cbc"])
+    ap.add_argument("--solver", default="cpsat", choices=["cpsat", "highs", "cbc"], help="exact solver (cpsat: the reference)")
     ap.add_argument("--random", type=int, default=24, help="number of random heterogeneous pairs")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument(
