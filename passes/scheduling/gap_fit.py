@@ -44,10 +44,10 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import inspect
 import os
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -94,11 +94,19 @@ class SearchEffort:
 DEFAULT_EFFORT = SearchEffort()
 
 
+# The Python modules whose code decides a schedule: this driver, the template it starts from,
+# the exact solvers, the schedule helpers and the DAG itself (their whole sources, helpers
+# included, so no change to them can leave a cached schedule stale).
+_VERSIONED_SOURCES = ("gap_fit.py", "baselines.py", "schedule.py", "pair_dag.py", "exact.py", "cpsat.py")
+
+
 def _version() -> str:
-    blob = "\n".join(
-        [_search.SOURCE_SHA256, inspect.getsource(fixed_template), inspect.getsource(gap_fit), repr(asdict(DEFAULT_EFFORT))]
-    )
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    here = Path(__file__).resolve().parent
+    digest = hashlib.sha256(_search.SOURCE_SHA256.encode())
+    for name in _VERSIONED_SOURCES:
+        digest.update(name.encode() + b"\0" + (here / name).read_bytes())
+    digest.update(repr(asdict(DEFAULT_EFFORT)).encode())
+    return digest.hexdigest()[:16]
 
 
 def native_arrays(dag: PairDAG) -> tuple[list[float], list[int], list[list[int]]]:
