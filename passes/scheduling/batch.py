@@ -86,9 +86,9 @@ def schedule_all(
     import multiprocessing
 
     if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         scheds = [schedule_dag(dag, method, time_limit, solver) for dag in dags]
-        return Solved(scheds, [False] * len(dags), time.perf_counter() - t0)
+        return Solved(scheds, [False] * len(dags), time.process_time() - t0)
     global _WORK
     _WORK = (dags, method, time_limit, solver, prove)
     try:
@@ -100,10 +100,10 @@ def schedule_all(
     out = Solved([], [])
     for dag, res in zip(dags, results):
         if res is None:
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             out.schedules.append(schedule_dag(dag, method, time_limit, solver))
             out.proven.append(False)
-            out.schedule_seconds += time.perf_counter() - t0
+            out.schedule_seconds += time.process_time() - t0
         else:
             start, used, status, bound, stats, ok, schedule_s, prove_s = res
             out.schedules.append(PairSchedule(dag, start, used, status=status, bound=bound, stats=stats))
