@@ -12,12 +12,13 @@ each a fresh process):
 Printed per run: wall time of the whole command, capture, the passes, overlap-schedule and
 profile (from ``--timing``); the ratios to the baseline; and whether the three IR files are
 byte-identical (they must be). Marks (issue 11): Qwen3-Next-80B (``make demo``'s compile) under
-10 s cold and 3 s warm; the trillion-scale synthetic model at PP16 VPP2 EP32 through partition
+10 s cold and 3 s warm; the trillion-scale synthetic model at its suggested setting
+(``frontend/workloads/parallel.json``: TP2 PP16 VPP2 EP64, 256 micro-batches) through partition
 under 30 s cold.
 
     .venv/bin/python bench/bench_compile_time.py                       # make demo's compile
     .venv/bin/python bench/bench_compile_time.py --source frontend/workloads/qwen3_next_1t_synthetic.json \\
-        --pp 16 --vpp 2 --ep 32 --microbatches 64 --through partition
+        --tp 2 --pp 16 --vpp 2 --ep 64 --microbatches 256 --through partition
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def pipeline(through: str, baseline: bool) -> str:
 def run(label: str, args: argparse.Namespace, cache: Path, out: Path, baseline: bool) -> dict[str, float]:
     cmd = [str(COMPILE), args.source, "--emit", "ir", "-o", str(out), "--timing", "--no-capacity"]
     cmd += ["--passes", pipeline(args.through, baseline)]
-    for flag in ("pp", "vpp", "ep", "seq_len", "microbatches"):
+    for flag in ("pp", "vpp", "ep", "tp", "seq_len", "microbatches"):
         value = getattr(args, flag)
         if value is not None:
             cmd += [f"--{flag.replace('_', '-')}", str(value)]
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--source", default="hf:qwen3_next")
     p.add_argument("--through", default="dbo-slots", choices=PIPELINE, help="last pass of the pipeline")
-    for flag in ("--pp", "--vpp", "--ep", "--seq-len", "--microbatches"):
+    for flag in ("--pp", "--vpp", "--ep", "--tp", "--seq-len", "--microbatches"):
         p.add_argument(flag, type=int, default=None)
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="tessera-bench-cache-") as tmp:

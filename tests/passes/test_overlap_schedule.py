@@ -470,8 +470,8 @@ def test_ir_deadlines_bind_in_the_pass_and_the_exact_solver() -> None:
     dag = view.pair_dag(view.pair("pair.0"))
     entries = {e.ref: e.attrs for e in free.plan_ops("pair_schedule")[0].entries}
     movable = [i for i, t in enumerate(dag.tasks) if t.movable]
-    last = max(movable, key=lambda i: entries[dag.tasks[i].name]["start"])
-    finish = entries[dag.tasks[last].name]["start"] + dag.tasks[last].duration
+    last = max(movable, key=lambda i: float(entries[dag.tasks[i].name]["start"]))  # type: ignore[arg-type]
+    finish = float(entries[dag.tasks[last].name]["start"]) + dag.tasks[last].duration  # type: ignore[arg-type]
     earliest = heads(dag)[last] + dag.tasks[last].duration
     assert earliest < finish  # without a deadline it runs later than it could
     deadline = earliest + (finish - earliest) / 4
@@ -480,7 +480,7 @@ def test_ir_deadlines_bind_in_the_pass_and_the_exact_solver() -> None:
     bound.task_map()[dag.tasks[last].name].attrs["deadline"] = deadline
     OverlapSchedulePass(cache=False).apply(bound)
     got = {e.ref: e.attrs for e in bound.plan_ops("pair_schedule")[0].entries}
-    assert got[dag.tasks[last].name]["start"] + dag.tasks[last].duration <= deadline + 1e-6
+    assert float(got[dag.tasks[last].name]["start"]) + dag.tasks[last].duration <= deadline + 1e-6  # type: ignore[arg-type]
     view = PlanView(bound)
     tight = view.pair_dag(view.pair("pair.0"))
     assert tight.tasks[last].deadline == deadline
