@@ -12,9 +12,9 @@ from passes.manager import ModulePass, PassManager, parse_pipeline
 from tessera.io import write_atomic
 from tessera_ir import Module, print_module
 
-# The planning pipeline `tessera-compile` runs after capture, in the order of
-# DESIGN.md (dbo-slots and pipeline come later).
-DEFAULT_PIPELINE = "candidates,overlap-schedule,profile,partition"
+# The planning pipeline `tessera-compile` runs after capture, in the order of DESIGN.md:
+# it ends with the per-rank programs, which `-o plan.tsb` writes as bytecode.
+DEFAULT_PIPELINE = "candidates,overlap-schedule,profile,partition,pipeline"
 
 
 def capture(source: Any, **parallel: Any) -> Module:
@@ -81,6 +81,13 @@ def load_ir(path: str | Path) -> Module:
 
 def save_ir(module: Module, path: str | Path) -> None:
     write_atomic(path, print_module(module))
+
+
+def save_plan(module: Module, path: str | Path) -> None:
+    """Write ``module``'s per-rank programs as plan bytecode (``.tsb``), atomically."""
+    from codegen.emit import plan_bytes
+
+    write_atomic(path, plan_bytes(module))
 
 
 def report(module: Module) -> str:

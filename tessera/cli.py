@@ -117,7 +117,9 @@ def _compile_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("source", help="model.py with build_model(), hf:<model_type>, or a path to an HF config.json")
     p.add_argument("-o", "--output", help="output file ('-' for stdout)")
-    p.add_argument("--emit", choices=["ir"], default="ir", help="what to write to -o: ir (textual Tessera IR)")
+    p.add_argument("--emit", choices=["ir", "tsb"], default=None,
+                   help="what to write to -o: ir (textual Tessera IR) or tsb (the plan's bytecode); "
+                   "default: tsb when -o ends in .tsb, else ir")
     p.add_argument("--summary-json", metavar="PATH", help="write the per-layer summary as JSON")
     p.add_argument("--partition-json", metavar="PATH", help="write the chosen partition as JSON (needs the partition pass)")
     p.add_argument("--report", action="store_true", help="print the report of where the time goes")
@@ -143,11 +145,9 @@ def _compile(args: argparse.Namespace) -> int:
 
     if not (args.output or args.summary_json or args.partition_json or args.report):
         raise TesseraError("nothing to do: give -o FILE, --summary-json FILE, --partition-json FILE or --report")
-    if args.output and args.output.endswith(".tsb"):
-        raise TesseraError(
-            f"-o {args.output}: this version emits textual IR only (--emit ir); bytecode (.tsb) comes with the "
-            "runtime; write the plan as .tir"
-        )
+    emit = args.emit or ("tsb" if args.output and args.output.endswith(".tsb") else "ir")
+    if emit == "tsb" and args.output == "-" and sys.stdout.isatty():
+        raise TesseraError("refusing to write bytecode to a terminal; give -o plan.tsb")
     pipeline = DEFAULT_PIPELINE if args.passes is None else ("" if args.passes == "none" else args.passes)
     passes = parse_pipeline(pipeline) if pipeline.strip() else []  # a bad pipeline fails before the capture
     dump = _dump_callback(args.dump_after, args.dump_dir)
@@ -165,9 +165,14 @@ def _compile(args: argparse.Namespace) -> int:
     manager = run_passes(module, passes, verify=args.verify, dump_after=dump)
 
     # Render everything before writing anything, so a failure leaves no output at all.
-    outputs: list[tuple[str, str]] = []
+    outputs: list[tuple[str, str | bytes]] = []
     if args.output:
-        outputs.append((args.output, print_module(module)))
+        if emit == "tsb":
+            from codegen.emit import plan_bytes
+
+            outputs.append((args.output, plan_bytes(module)))
+        else:
+            outputs.append((args.output, print_module(module)))
     if args.summary_json:
         outputs.append((args.summary_json, json.dumps(summarize(module), indent=2) + "\n"))
     if args.partition_json:
