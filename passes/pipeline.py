@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from passes.manager import ModulePass, PassError, option
-from passes.pipelining.lowering import Lowering, SlotFigures, SlotTable, deferral_bytes
+from passes.pipelining.lowering import Lowering, SlotFigures, SlotTable, Stage, deferral_bytes
 from passes.plan_view import PlanView
 from tessera_ir.errors import TesseraError
 from tessera_ir.model import Attrs, Module, PlanEntry, PlanOp, SymbolRef, Value
@@ -58,7 +58,11 @@ class PipelinePass(ModulePass):
         view = PlanView(module)
         slots = dbo_slot_table(module)
         try:
-            programs = Lowering(view, self.combined, slots).programs()
+            partition = view.partition
+            if partition is None:
+                raise PassError("the module holds no partition; run the planning passes (..., partition) first")
+            stages = [Stage(cand.name, cand.layers) for cand in partition.stages]
+            programs = Lowering(module, stages, view.chunk_schedule, view.duration, self.combined, slots).programs()
         except TesseraError as err:
             raise PassError(f"pipeline: {err}") from None
         p = view.parallel

@@ -27,16 +27,16 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from passes.pipelining.order import rank_order
-from passes.pipelining.steps import Step, StepItem, build_step
-from passes.plan_view import Candidate, PlanView
+from passes.pipelining.steps import ChunkSchedule, Step, StepItem, build_step
 from passes.scheduling.pair_dag import BWD, FWD
 from tessera_ir.errors import TesseraError
 from tessera_ir.kinds import Phase, Resource
-from tessera_ir.model import Layer, Task
+from tessera_ir.model import Layer, Module, Task
+from tessera_ir.parallel import ParallelConfig
 from tessera_ir.programs import (
     ACTIVATION,
     ALL_TO_ALL,
@@ -151,21 +151,43 @@ class _RankCode:
     sends: dict[int, list[TransferKey]] = field(default_factory=lambda: defaultdict(list))  # peer -> in order
 
 
-class Lowering:
-    """Per-rank programs of a planned module (see the module docstring)."""
+@dataclass(frozen=True)
+class Stage:
+    """A virtual stage of the partition: the candidate op standing for it, and its layers."""
 
-    def __init__(self, view: PlanView, combined: bool = False, slots: SlotTable | None = None):
-        part = view.partition
-        if part is None:
-            raise LoweringError("the module holds no partition; run the planning passes (..., partition) first")
-        self.view = view
-        self.parallel = view.parallel
+    name: str
+    layers: Sequence[Layer]
+
+
+class Lowering:
+    """Per-rank programs of a planned module (see the module docstring).
+
+    ``stages`` is the partition, one per virtual stage; ``chunk_schedule`` gives a step's tasks
+    in a stream order (``PlanView.chunk_schedule``), ``duration_us`` a task's isolated duration.
+    """
+
+    def __init__(
+        self,
+        module: Module,
+        stages: Sequence[Stage],
+        chunk_schedule: ChunkSchedule,
+        duration_us: Callable[[Task], float],
+        combined: bool = False,
+        slots: SlotTable | None = None,
+    ):
+        self.module = module
+        self.parallel = ParallelConfig.from_attrs(module.attrs)
+        if len(stages) != self.parallel.virtual_stages:
+            raise LoweringError(f"{len(stages)} stages for pp x vpp = {self.parallel.virtual_stages} virtual stages")
+        self.chunk_schedule = chunk_schedule
+        self.duration_us = duration_us
         self.combined = combined
         self.slots = slots or {}
-        self.stages: tuple[Candidate, ...] = part.stages
+        self.stages = tuple(stages)
+        self.tasks = module.task_map()
         self.stage_of: dict[str, int] = {}
-        for s, cand in enumerate(self.stages):
-            for layer in cand.layers:
+        for s, stage in enumerate(self.stages):
+            for layer in stage.layers:
                 for t in layer.tasks:
                     if t.name in self.stage_of:
                         raise LoweringError(
@@ -173,11 +195,11 @@ class Lowering:
                             "each layer belongs to one stage"
                         )
                     self.stage_of[t.name] = s
-        missing = [t.name for t in view.module.tasks() if t.name not in self.stage_of]
+        missing = [t.name for t in module.tasks() if t.name not in self.stage_of]
         if missing:
             raise LoweringError(f"task @{missing[0]} is in no stage of the partition ({len(missing)} such tasks)")
         self.dependents: dict[str, list[str]] = defaultdict(list)
-        for t in view.module.tasks():
+        for t in module.tasks():
             for d in t.deps:
                 self.dependents[d].append(t.name)
         self._steps: dict[tuple[int | None, int | None], Step] = {}
@@ -210,7 +232,8 @@ class Lowering:
                 exits[FWD] = self._exits(fwd, FWD)
             if bwd is not None:
                 exits[BWD] = self._exits(bwd, BWD)
-            got = self._steps[(fwd, bwd)] = build_step(self.view, self._layers(fwd), self._layers(bwd), exits)
+            scheduled, source = self.chunk_schedule(self._layers(fwd), self._layers(bwd))
+            got = self._steps[(fwd, bwd)] = build_step(scheduled, source, self.duration_us, exits)
         return got
 
     def slot_key(self, fwd: int | None, bwd: int | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -378,7 +401,7 @@ class _Emitter:
         for dep in task.deps:
             dep_stage = self.low.stage_of[dep]
             if dep_stage % pp != self.rank:
-                key = (ACTIVATION if self.low.view.tasks[dep].phase is Phase.FWD else GRADIENT, dep_stage, mb)
+                key = (ACTIVATION if self.low.tasks[dep].phase is Phase.FWD else GRADIENT, dep_stage, mb)
                 node = self.code.recvs.get(key)
                 if node is None or not self._known_done(node):
                     return True
@@ -412,7 +435,7 @@ class _Emitter:
             self.last_run[stage] = node
 
     def receive(self, task: Task, stage: int, dep: str, dep_stage: int, mb: int) -> _Node:
-        dep_task = self.low.view.tasks[dep]
+        dep_task = self.low.tasks[dep]
         forward = dep_task.phase is Phase.FWD
         if forward != (task.phase is Phase.FWD) or dep_stage != (stage - 1 if forward else stage + 1):
             raise LoweringError(

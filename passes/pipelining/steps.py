@@ -3,7 +3,7 @@
 A step is a chunk's forward alone (warm-up), its backward alone (cool-down), or a steady-state
 pair: the forward of one chunk beside the backward of another, as interleaved 1F1B overlaps
 them. The plan fixes each stream's order (the pair's ``pair_schedule``; lone chunks and
-combinations the plan never paired are scheduled by gap-fit, ``PlanView.chunk_schedule``), but a
+combinations the plan never paired are scheduled by gap-fit: ``PlanView.chunk_schedule``), but a
 rank's program is one sequence of instructions in which a wait holds everything after it. So
 the two streams are merged by when the static schedule starts each task: tasks are timed as
 soon as their stream and their dependencies allow (isolated durations), and issued in that
@@ -17,10 +17,10 @@ side's *exit tasks* (those the neighbouring stage's tasks depend on) have finish
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from passes.plan_view import PlanView
+from passes.costs.pair_costs import ScheduledTask
 from passes.scheduling.pair_dag import BWD, FWD
 from tessera_ir.errors import TesseraError
 from tessera_ir.kinds import Phase
@@ -55,21 +55,24 @@ def side_of(task: Task) -> str:
     return FWD if task.phase is Phase.FWD else BWD
 
 
+# (forward layers, backward layers) -> the step's tasks in a stream order, and where it came from
+ChunkSchedule = Callable[[Sequence[Layer], Sequence[Layer]], tuple[list[ScheduledTask], str]]
+
+
 def build_step(
-    view: PlanView,
-    fwd_layers: Sequence[Layer],
-    bwd_layers: Sequence[Layer],
+    scheduled: list[ScheduledTask],
+    source: str,
+    duration_us: Callable[[Task], float],
     exits: dict[str, tuple[str, ...]],
 ) -> Step:
-    """The issue order of the forward of ``fwd_layers`` beside the backward of ``bwd_layers``.
+    """The issue order of a step's ``scheduled`` tasks (a stream order, ``source`` says whose).
 
     ``exits`` gives, per side present, the names of the tasks its send waits for (empty: the
     side sends nothing, as the last stage's forward and the first stage's backward).
     """
-    scheduled, source = view.chunk_schedule(fwd_layers, bwd_layers)
     n = len(scheduled)
     index = {s.task.name: k for k, s in enumerate(scheduled)}
-    duration = [view.duration(s.task) for s in scheduled]
+    duration = [duration_us(s.task) for s in scheduled]
     succ: list[list[int]] = [[] for _ in range(n)]
     indegree = [0] * n
     for k, s in enumerate(scheduled):
