@@ -186,14 +186,15 @@ def _format_problem(attrs: Attrs) -> str:
     if not isinstance(op, str) or op not in _OPERANDS:
         return f"op = {op!r} is not an instruction; use one of {', '.join(OPS)}"
     expected = _OPERANDS[op]
+    an = f"{'an' if op[0] in 'aeiou' else 'a'} {op}"
     extra = sorted(set(attrs) - set(expected) - {"op"})
     if extra:
-        return f"a {op} takes {', '.join(expected) or 'no operands'}, not {', '.join(extra)}"
+        return f"{an} takes {', '.join(expected) or 'no operands'}, not {', '.join(extra)}"
     for name in expected:
         if name not in attrs:
-            return f"a {op} needs '{name}'"
+            return f"{an} needs '{name}'"
         if not _LEGAL[name](attrs[name]):
-            return f"'{name}' of a {op} is {attrs[name]!r}; it must be {_RULES[name]}"
+            return f"'{name}' of {an} is {attrs[name]!r}; it must be {_RULES[name]}"
     raise AssertionError("an entry the fast path refused is legal")
 
 

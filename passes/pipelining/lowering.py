@@ -110,13 +110,21 @@ class _Node:
 
     __slots__ = ("op", "ref", "mb", "peer", "payload", "target", "deadline", "stream", "slot", "fifo", "index")
 
-    def __init__(self, op: str, ref: str, mb: int = 0, stream: str = COMPUTE, **kw: object):
+    def __init__(
+        self,
+        op: str,
+        ref: str,
+        mb: int = 0,
+        stream: str = COMPUTE,
+        *,
+        peer: int = -1,
+        payload: str = "",
+        target: _Node | None = None,
+        slot: SlotFigures | None = None,
+    ):
         self.op, self.ref, self.mb, self.stream = op, ref, mb, stream
-        self.peer: int = kw.get("peer", -1)  # type: ignore[assignment]
-        self.payload: str = kw.get("payload", "")  # type: ignore[assignment]
-        self.target: _Node | None = kw.get("target")  # type: ignore[assignment]
+        self.peer, self.payload, self.target, self.slot = peer, payload, target, slot
         self.deadline: _Node | None = None
-        self.slot: SlotFigures | None = kw.get("slot")  # type: ignore[assignment]
         self.fifo = -1  # position on its stream for work that runs in issue order (run, collectives)
         self.index = -1
 

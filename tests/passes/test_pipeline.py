@@ -6,7 +6,6 @@ import copy
 import random
 
 import pytest
-from cluster_run import run_cluster
 
 from codegen.emit import CodegenError, plan_bytes, plan_image
 from passes.manager import PassError, PassManager, parse_pipeline
@@ -20,18 +19,13 @@ from tessera_ir.parallel import ParallelConfig
 from tessera_ir.programs import PROGRAM_OP, Instruction, read_programs
 from tessera_ir.verifier import collect_errors, verify
 
+from cluster_run import run_cluster
+from compiled_plans import PLANNING, planned_module
 from synthetic_ir import QWEN3_NEXT_PATTERN, synthetic_module
-
-PLANNING = "candidates{window=1},overlap-schedule{jobs=1 verify=false},partition"
 
 
 def planned(pp: int, vpp: int, microbatches: int, groups: int = 1, ep: int = 2, combined: bool = False) -> Module:
-    parallel = ParallelConfig(pp=pp, vpp=vpp, ep=ep, microbatches=microbatches, seq_len=512)
-    module = synthetic_module(QWEN3_NEXT_PATTERN * groups, gemm_flops=10**10, mixer_flops=10**10, a2a_bytes=10**6,
-                              param_bytes=10**6, parallel=parallel)
-    pipeline = PLANNING + (",pipeline{combined=true}" if combined else ",pipeline")
-    PassManager(parse_pipeline(pipeline)).run(module)
-    return module
+    return planned_module(pp, vpp, microbatches, groups, ep, combined)
 
 
 CONFIGS = [  # (pp, vpp, microbatches, groups of four layers, combined)
@@ -94,7 +88,10 @@ def test_text_round_trips_and_output_is_deterministic(module: Module) -> None:
     assert print_module(parse_module(text)) == text
     p = ParallelConfig.from_attrs(module.attrs)
     combined = module.plan_ops("pipeline")[0].attrs["combined"] is True
-    again = planned(p.pp, p.vpp, p.microbatches, len(module.decoder_layers()) // len(QWEN3_NEXT_PATTERN), combined=combined)
+    groups = len(module.decoder_layers()) // len(QWEN3_NEXT_PATTERN)
+    again = synthetic_module(QWEN3_NEXT_PATTERN * groups, gemm_flops=10**10, mixer_flops=10**10, a2a_bytes=10**6,
+                             param_bytes=10**6, parallel=p)
+    PassManager(parse_pipeline(PLANNING + (",pipeline{combined=true}" if combined else ",pipeline"))).run(again)
     assert print_module(again) == text
     assert plan_bytes(again) == plan_bytes(module)
 
