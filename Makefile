@@ -66,6 +66,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_capture.py
+	$(BIN)/python bench/bench_families.py
 	$(BIN)/python bench/bench_ir_text.py
 	$(BIN)/python bench/bench_pair_schedule.py
 	$(BIN)/python bench/bench_partition.py

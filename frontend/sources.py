@@ -2,8 +2,8 @@
 
 Sources: ``hf:<model_type>`` (transformers' default config for that type),
 a path to an HF ``config.json`` (or a folder holding one), a path to a
-``model.py`` defining ``build_model()`` (and optionally ``PARALLEL`` and
-``NAME``), or an ``nn.Module``.
+``model.py`` defining ``build_model()`` (and optionally ``PARALLEL``,
+``NAME`` and ``LAYER_KINDS``), or an ``nn.Module``.
 
 The shipped reference workloads (``frontend/workloads``) carry suggested
 parallel settings: an HF config with the same model type, layer count and
@@ -24,6 +24,8 @@ import torch
 from torch import nn
 
 from frontend.errors import ConfigFileError, MissingBuildModelError, SourceError, UnknownModelTypeError
+from frontend.layer_kinds import layer_kinds_table
+from tessera_ir.kinds import MixerKind
 
 WORKLOADS_DIR = Path(__file__).resolve().parent / "workloads"
 _KNOWN_EXAMPLES = ["qwen3_next", "qwen3_moe", "deepseek_v3", "mixtral", "gpt_oss", "olmoe", "qwen2_moe", "jamba"]
@@ -35,6 +37,7 @@ class LoadedSource:
     name: str
     config: Any = None  # the HF config, when the source had one
     parallel: dict[str, Any] = field(default_factory=dict)  # parallel settings from the source
+    layer_kinds: dict[int, MixerKind] = field(default_factory=dict)  # LAYER_KINDS of a model.py
 
 
 def workload_configs() -> dict[str, dict[str, Any]]:
@@ -123,7 +126,8 @@ def _load_model_py(path: Path) -> LoadedSource:
         raise SourceError(f"{path}: build_model() returned {type(model).__name__}, not a torch.nn.Module")
     name = getattr(module, "NAME", None) or path.stem
     parallel = dict(getattr(module, "PARALLEL", {}) or {})
-    return LoadedSource(model, str(name), getattr(model, "config", None), parallel)
+    kinds = layer_kinds_table(getattr(module, "LAYER_KINDS", None), str(path))
+    return LoadedSource(model, str(name), getattr(model, "config", None), parallel, kinds)
 
 
 def load_source(source: str | nn.Module | os.PathLike[str]) -> LoadedSource:

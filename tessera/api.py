@@ -17,12 +17,15 @@ from tessera_ir import Module, print_module
 DEFAULT_PIPELINE = "candidates,overlap-schedule,profile,partition,pipeline"
 
 
-def capture(source: Any, **parallel: Any) -> Module:
-    """Capture a model (``hf:<type>``, a config.json path, a model.py path or an nn.Module) into IR."""
+def capture(source: Any, layer_kinds: Any = None, **parallel: Any) -> Module:
+    """Capture a model (``hf:<type>``, a config.json path, a model.py path or an nn.Module) into IR.
+
+    ``layer_kinds`` sets mixer kinds by layer: ``{3: "linear_attention"}`` or ``["3=linear_attention"]``.
+    """
     import frontend
 
     overrides = {k: v for k, v in parallel.items() if v is not None}
-    return frontend.capture(source, overrides=overrides)
+    return frontend.capture(source, overrides=overrides, layer_kinds=layer_kinds)
 
 
 def _announce_calibration(path: Path) -> None:
@@ -56,15 +59,19 @@ def run_passes(
 
 
 def compile(  # noqa: A001
-    source: Any, pipeline: str | None = None, verify: bool = True, hardware: str = DEFAULT_HARDWARE, **parallel: Any
+    source: Any, pipeline: str | None = None, verify: bool = True, hardware: str = DEFAULT_HARDWARE,
+    layer_kinds: Any = None, **parallel: Any
 ) -> Module:
-    """Capture ``source`` and plan it for ``hardware`` (``DEFAULT_PIPELINE`` unless given)."""
+    """Capture ``source`` and plan it for ``hardware`` (``DEFAULT_PIPELINE`` unless given).
+
+    ``layer_kinds`` sets mixer kinds by layer, as in ``capture``.
+    """
     from tessera_ir.verifier import verify as verify_module
 
     text = DEFAULT_PIPELINE if pipeline is None else pipeline
     passes = parse_pipeline(text) if text.strip() else []  # a bad pipeline fails before the capture
     resolve_hardware(hardware)
-    module = capture(source, **parallel)
+    module = capture(source, layer_kinds=layer_kinds, **parallel)
     module.attrs["hardware"] = hardware
     if verify:
         verify_module(module)

@@ -13,6 +13,7 @@ import json
 import sys
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -131,6 +132,9 @@ def _compile_parser() -> argparse.ArgumentParser:
     p.add_argument("--timing", action="store_true", help="print how long capture and each pass took")
     _hardware_flag(p, "h100", "target hardware the plan is for (default h100; cpu: this machine, calibrated once)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
+    p.add_argument("--layer-kind", action="append", default=[], metavar="INDEX=KIND",
+                   help="set the mixer kind of decoder layers, e.g. 3=linear_attention or 0-2,5=ssm (repeatable; "
+                   "overrides recognition and LAYER_KINDS in model.py)")
     group = p.add_argument_group("parallel settings (override PARALLEL in model.py and the workload defaults)")
     for flag, typ, help_text in PARALLEL_FLAGS:
         group.add_argument(flag, type=typ, default=None, help=help_text)
@@ -138,6 +142,7 @@ def _compile_parser() -> argparse.ArgumentParser:
 
 
 def _compile(args: argparse.Namespace) -> int:
+    from frontend.errors import CaptureWarning
     from passes.manager import parse_pipeline
     from tessera.api import DEFAULT_PIPELINE, capture, resolve_hardware, run_passes
     from tessera_ir.summary import summarize
@@ -155,7 +160,14 @@ def _compile(args: argparse.Namespace) -> int:
     resolve_hardware(args.hardware)  # so does a bad --hardware; cpu is calibrated here if it never was
 
     start = time.perf_counter()
-    module = capture(args.source, **parallel)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CaptureWarning)
+        module = capture(args.source, layer_kinds=args.layer_kind, **parallel)
+    for warning in caught:
+        if issubclass(warning.category, CaptureWarning):
+            print(f"tessera-compile: warning: {warning.message}", file=sys.stderr)
+        else:
+            warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
     module.attrs["hardware"] = args.hardware  # the target every pass, the report and viz read
     capture_s = time.perf_counter() - start
     start = time.perf_counter()

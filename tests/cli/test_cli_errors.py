@@ -125,7 +125,7 @@ def test_compile_then_opt_roundtrip_is_identical(tmp_path: Path, capsys: pytest.
     assert code == 0, err
     assert again.read_bytes() == tir.read_bytes()
     data = json.loads(summary.read_text())
-    assert set(data) == {"model", "parameters", "layers", "tasks"}
+    assert set(data) == {"model", "parameters", "layers", "tasks", "warnings"}
     assert data["tasks"] == tir.read_text().count("\n    task @")
 
 
