@@ -118,11 +118,22 @@ class Instruction(NamedTuple):
         return self.wait_stream if self.op == WAIT else OP_STREAM[self.op]
 
     def entry(self) -> PlanEntry:
-        """The plan entry that prints this instruction."""
-        attrs: Attrs = {"op": self.op}
-        for name in _OPERANDS[self.op]:
-            value: Value = self.wait_stream if name == "stream" else getattr(self, name)
-            attrs[name] = value
+        """The plan entry that prints this instruction (spelled out per op: programs are long)."""
+        op = self.op
+        attrs: Attrs
+        if op == RUN or op == ALL_TO_ALL:
+            attrs = {"op": op, "mb": self.mb}
+        elif op == WAIT:
+            attrs = {"op": op, "on": self.on, "stream": self.wait_stream}
+        elif op == DEFER:
+            attrs = {"op": op, "mb": self.mb, "deadline": self.deadline}
+        elif op == SEND or op == RECV:
+            attrs = {"op": op, "mb": self.mb, "peer": self.peer, "payload": self.payload}
+        elif op == SLOT:
+            attrs = {"op": op, "mb": self.mb, "on": self.on, "base_us": self.base_us, "a2a_us": self.a2a_us,
+                     "gemm_us": self.gemm_us}
+        else:
+            attrs = {"op": op}
         return PlanEntry(self.ref, attrs)
 
     @classmethod
