@@ -145,6 +145,7 @@ def measure(name: str, settings: dict[str, int], data: bytes, compile_times: dic
         "signature": read_header(data)[2].hex()[:16], "tasks": len(first.tasks), "slots": len(first.slots or []),
         "instructions_per_rank_min": min(lengths), "instructions_per_rank_max": max(lengths),
         "plan_bytes": len(data), "program_bytes_per_rank_min": min(sizes), "program_bytes_per_rank_max": max(sizes),
+        "program_bytes_per_rank": sizes, "load_cpp_ms_per_rank": [round(t * 1e3, 3) for t in load_cpp],
         "load_cpp_ms_rank0": round(load_cpp[0] * 1e3, 3), "load_cpp_ms_max": round(max(load_cpp) * 1e3, 3),
         "load_python_ms_rank0": round(load_py * 1e3, 2), "load_speedup": round(load_py / load_cpp[0], 1),
         "advance_native_cpu_ns": round(native_cpu, 1), "advance_native_wall_ns": round(max(n[0] for n in native), 1),
