@@ -16,6 +16,7 @@ import importlib.util
 import json
 import os
 import sys
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,17 +118,44 @@ def _load_model_py(path: Path) -> LoadedSource:
         spec.loader.exec_module(module)
     except Exception as exc:  # noqa: BLE001 - any error in the user's file is reported as a source error
         del sys.modules[module_name]
-        raise SourceError(f"{path}: importing it failed ({type(exc).__name__}: {exc}); fix the file") from exc
+        raise SourceError(f"{_user_line(path, exc)}: importing it failed ({_spelled(exc)}); fix the file") from exc
     build = getattr(module, "build_model", None)
     if not callable(build):
         raise MissingBuildModelError(str(path))
-    model = build()
+    try:
+        model = build()
+    except Exception as exc:  # noqa: BLE001 - the user's code failed, not Tessera: say where
+        raise SourceError(
+            f"{_user_line(path, exc)}: build_model() raised {_spelled(exc)}; fix the model file "
+            "(--debug shows the whole traceback)"
+        ) from exc
     if not isinstance(model, nn.Module):
         raise SourceError(f"{path}: build_model() returned {type(model).__name__}, not a torch.nn.Module")
     name = getattr(module, "NAME", None) or path.stem
-    parallel = dict(getattr(module, "PARALLEL", {}) or {})
+    declared = getattr(module, "PARALLEL", None)
+    if declared is None:
+        declared = {}
+    if not isinstance(declared, dict) or not all(isinstance(key, str) for key in declared):
+        raise SourceError(
+            f"{path}: PARALLEL must be a dict of settings such as {{'pp': 2, 'ep': 4}}, not a {type(declared).__name__}"
+        )
     kinds = layer_kinds_table(getattr(module, "LAYER_KINDS", None), str(path))
-    return LoadedSource(model, str(name), getattr(model, "config", None), parallel, kinds)
+    return LoadedSource(model, str(name), getattr(model, "config", None), dict(declared), kinds)
+
+
+def _user_line(path: Path, exc: BaseException) -> str:
+    """``path:line`` of the innermost frame of the user's file that the exception passed through."""
+    if isinstance(exc, SyntaxError) and exc.lineno is not None and exc.filename is not None:
+        if Path(exc.filename).resolve() == path.resolve():
+            return f"{path}:{exc.lineno}"
+    target = path.resolve()
+    lines = [frame.lineno for frame in traceback.extract_tb(exc.__traceback__) if Path(frame.filename).resolve() == target]
+    return f"{path}:{lines[-1]}" if lines else str(path)
+
+
+def _spelled(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def load_source(source: str | nn.Module | os.PathLike[str]) -> LoadedSource:

@@ -54,7 +54,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from tessera_ir.model import Attrs, Module, PlanEntry, PlanOp, Value
+from tessera_ir.model import Attrs, Module, PlanEntry, PlanOp
 
 PIPELINE_OP = "pipeline"
 PROGRAM_OP = "program"
