@@ -1,7 +1,8 @@
 """Small modules planned by the real passes, down to per-rank programs and their bytecode.
 
 ``planned_module`` builds a synthetic Qwen3-Next-like module (``synthetic_ir``) at the given
-parallel settings and runs candidates, overlap-schedule, partition and pipeline on it;
+parallel settings and runs candidates, overlap-schedule, partition (with ``dbo=True`` dbo-slots)
+and pipeline on it;
 ``compiled_plan`` is its ``.tsb`` bytes. Both are cached per session (planning takes seconds).
 """
 
@@ -21,19 +22,24 @@ PLANNING = "candidates{window=1},overlap-schedule{jobs=1 verify=false},partition
 
 
 @cache
-def _planned(pp: int, vpp: int, microbatches: int, groups: int, ep: int, combined: bool) -> Module:
+def _planned(pp: int, vpp: int, microbatches: int, groups: int, ep: int, combined: bool, dbo: bool) -> Module:
     parallel = ParallelConfig(pp=pp, vpp=vpp, ep=ep, microbatches=microbatches, seq_len=512)
     module = synthetic_module(QWEN3_NEXT_PATTERN * groups, gemm_flops=10**10, mixer_flops=10**10, a2a_bytes=10**6,
                               param_bytes=10**6, parallel=parallel)
-    PassManager(parse_pipeline(PLANNING + (",pipeline{combined=true}" if combined else ",pipeline"))).run(module)
+    passes = PLANNING + (",dbo-slots" if dbo else "") + (",pipeline{combined=true}" if combined else ",pipeline")
+    PassManager(parse_pipeline(passes)).run(module)
     return module
 
 
-def planned_module(pp: int, vpp: int, microbatches: int, groups: int = 1, ep: int = 2, combined: bool = False) -> Module:
+def planned_module(
+    pp: int, vpp: int, microbatches: int, groups: int = 1, ep: int = 2, combined: bool = False, dbo: bool = False
+) -> Module:
     """A fresh copy (callers may edit it) of the planned module."""
-    return copy.deepcopy(_planned(pp, vpp, microbatches, groups, ep, combined))
+    return copy.deepcopy(_planned(pp, vpp, microbatches, groups, ep, combined, dbo))
 
 
 @cache
-def compiled_plan(pp: int, vpp: int, microbatches: int, groups: int = 1, ep: int = 2, combined: bool = False) -> bytes:
-    return plan_bytes(_planned(pp, vpp, microbatches, groups, ep, combined))
+def compiled_plan(
+    pp: int, vpp: int, microbatches: int, groups: int = 1, ep: int = 2, combined: bool = False, dbo: bool = False
+) -> bytes:
+    return plan_bytes(_planned(pp, vpp, microbatches, groups, ep, combined, dbo))

@@ -179,3 +179,31 @@ def test_an_unmatched_transfer_is_a_verifier_error_naming_both_ranks() -> None:
     op.entries.insert(len(op.entries) - 1, extra.entry())
     with pytest.raises(VerifyError, match=r"rank 0 issues 3 send\(s\) to rank 1, which issues 2 receive\(s\)"):
         verify(module)
+
+
+def test_dbo_slots_become_slot_instructions_before_the_waits_they_predict() -> None:
+    module = planned_module(2, 2, 4, groups=2, dbo=True)
+    assert collect_errors(module) == []
+    pipeline = module.plan_ops("pipeline")[0]
+    budgets = [op.attrs["memory_budget_bytes"] for op in module.plan_ops("dbo_slot") if op.attrs["kind"] == "recv_wait"]
+    assert budgets and all(isinstance(b, int) and b > 0 for b in budgets)
+    assert pipeline.attrs["dbo"] is True
+    assert pipeline.attrs["memory_budget_bytes"] == min(b for b in budgets if isinstance(b, int))
+    figures = {
+        (e.attrs["waits_on"].name, e.attrs["base_us"], e.attrs["a2a_us"], e.attrs["gemm_us"])  # type: ignore[union-attr]
+        for op in module.plan_ops("dbo_slot") if op.attrs["kind"] == "a2a_wait" for e in op.entries
+    }
+    programs, problems = read_programs(module)
+    assert problems == []
+    for prog in programs:
+        code = prog.instructions
+        slots = [k for k, ins in enumerate(code) if ins.op == "slot"]
+        assert slots, f"rank {prog.rank} has no DBO slot"
+        for k in slots:
+            slot, waited = code[k], code[code[k].on]
+            # the slot names the All-to-All its wait is for, and the wait follows at once on compute
+            assert (waited.op, waited.ref, waited.mb) == ("all_to_all", slot.ref, slot.mb)
+            assert (code[k + 1].op, code[k + 1].on, code[k + 1].stream) == ("wait", slot.on, "compute")
+            assert (slot.ref, slot.base_us, slot.a2a_us, slot.gemm_us) in figures
+    plain = planned_module(2, 2, 4, groups=2)
+    assert not any(ins.op == "slot" for prog in read_programs(plain)[0] for ins in prog.instructions)
