@@ -3,8 +3,8 @@ reference), plan load time (C++ vs the Python reference loader) and bytecode siz
 
 The plans are compiled by the real pipeline: each workload is captured at its parallel settings
 and planned with tessera-compile's default passes (candidates, overlap-schedule, profile,
-partition, pipeline; the verifier's program checks run unless --no-verify), then written as
-bytecode by codegen. ``--plan-dir`` keeps the compiled plans, so later runs time the runtime only.
+partition, dbo-slots, pipeline; the verifier's program checks run unless --no-verify), then
+written as bytecode by codegen. ``--plan-dir`` keeps the compiled plans, so later runs time the runtime only.
 
     python bench/bench_runtime.py                        # qwen3_235b_a22b PP8 VPP4, 1T synthetic PP16 VPP2
     python bench/bench_runtime.py --workload qwen3_235b_a22b --pp 4 --vpp 2 --microbatches 32
