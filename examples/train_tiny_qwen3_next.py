@@ -77,6 +77,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="data seed")
     p.add_argument("--skew", type=int, default=0, help="draw tokens from this many ids only (skewed routing)")
     p.add_argument("--no-dbo", dest="dbo", action="store_false", help="run deferred weight gradients in place")
+    p.add_argument("--driver", choices=["fsm", "pipelining"], default="fsm",
+                   help="who orders the work: the C++ FSM, or torch.distributed.pipelining running the exported "
+                        "schedule (OVERLAP_F_B pairs by Tessera's executor)")
     p.add_argument("--dump", metavar="DIR", help="write each step's losses and gradients here")
     p.add_argument("--ledger", metavar="PATH", help="write the prediction ledger (JSON lines)")
     p.add_argument("--fail-rank", type=int, default=-1, help="this rank fails on purpose ...")
@@ -188,7 +191,7 @@ def train_distributed(args: argparse.Namespace) -> int:
                 return _FailingFSM(program, at=at, mode=args.fail_mode, **kw)
         expect = {"model": NAME, "microbatches": args.microbatches, "seq_len": args.seq_len}
         session = TrainingSession.start(data, build_model(), signature=signature, expect=expect, dbo=args.dbo,
-                                        fsm_factory=fsm_factory)
+                                        fsm_factory=fsm_factory, driver=args.driver)
         opt = optimizer(session.parameters())
         cfg = TinyConfig()
         ledger = None

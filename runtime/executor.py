@@ -134,6 +134,7 @@ class _Parallel:
     ep_group: Any = None
     dense_group: Any = None
     expert_group: Any = None
+    pp_group: Any = None  # the pipeline ranks at this EP/DP position (for pipelining's point-to-point)
 
 
 def create_groups(grid: RankGrid, rank: int, backend: str | None = None) -> _Parallel:
@@ -153,6 +154,7 @@ def create_groups(grid: RankGrid, rank: int, backend: str | None = None) -> _Par
         ep_group=mine(grid.ep_group(p, d) for d in range(grid.dp) for p in range(grid.pp)),
         dense_group=mine(grid.dense_group(p) for p in range(grid.pp)),
         expert_group=mine(grid.expert_group(p, e) for p in range(grid.pp) for e in range(grid.ep)),
+        pp_group=mine(grid.pp_group(e, d) for d in range(grid.dp) for e in range(grid.ep)),
     )
 
 
@@ -198,6 +200,7 @@ class StageExecutor:
         dbo: bool = True,
         fsm_factory: Callable[..., Any] | None = None,
         device: torch.device | None = None,
+        external_loss: bool = False,
     ):
         import runtime
 
@@ -208,6 +211,9 @@ class StageExecutor:
         self.binding = binding
         self.par = parallel
         self.dbo = dbo
+        # external_loss: the head task stops at the logits and the caller computes the loss
+        # (torch.distributed.pipelining's loss_fn) and hands back its gradient (set_grad).
+        self.external_loss = external_loss
         self.device = device or torch.device("cpu")
         self._fsm_factory = fsm_factory or runtime.FSM
         self.stages = self.plan.pp * self.plan.vpp
@@ -231,7 +237,7 @@ class StageExecutor:
         self.runner = ForwardRunner()
         self._fns: dict[tuple[str, str], Callable[..., tuple[torch.Tensor, ...]]] = {}
         self._assemble = binding.assemble_fn()
-        self._head = binding.head_fn(self.loss_divisor)
+        self._head = binding.logits_fn() if external_loss else binding.head_fn(self.loss_divisor)
         self._dispatch_of = {
             (t.layer, task_op(t.kind)[0], task_op(t.kind)[1]): i for i, t in enumerate(self.tasks)
             if task_op(t.kind)[0] in ("dispatch", "combine")
@@ -269,12 +275,37 @@ class StageExecutor:
     # ------------------------------------------------------------ one iteration
 
     def run_iteration(self, input_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> IterationResult:
-        """Run the program once. ``input_ids``/``labels``: [microbatches, micro_batch_size, seq_len] of this rank's shard."""
+        """Run the program once, as the FSM orders it. ``input_ids``/``labels``: [microbatches, batch, seq] of this rank's slice."""
+        fsm = self._fsm_factory(self.program, dbo=self.dbo)
+        self.begin_iteration(input_ids, labels, fsm)
+        while True:
+            self._poll()
+            action = fsm.advance()
+            kind = action.kind
+            if _TRACE:
+                print(f"[rank {self.par.rank}] {action!r}", flush=True)
+            if kind == ActionKind.DONE:
+                break
+            if kind == ActionKind.WAIT:
+                self.wait(action.wait_for)
+            elif kind == ActionKind.RUN:
+                self.run_task(action.task, action.mb, action.id, filled=bool(action.filled), fallback=bool(action.fallback))
+            elif kind == ActionKind.SEND or kind == ActionKind.RECV:
+                self._p2p(action)
+            elif action.collective == Collective.GRAD_REDUCE:
+                self.reduce_stage(action.vstage, action.id)
+            else:
+                self.issue_all_to_all(action.task, action.mb, action.id)
+        return self.end_iteration(dict(fsm.counters))
+
+    def begin_iteration(self, input_ids: torch.Tensor | None, labels: torch.Tensor | None, fsm: Any = None) -> None:
+        """Start an iteration: fresh per-iteration state. ``fsm`` (optional) hears completions and token counts."""
         first, last = 0 in self.my_stages, self.stages - 1 in self.my_stages
         if first and input_ids is None:
-            raise ExecutionError("this rank runs the first stage: run_iteration needs input_ids")
-        if last and labels is None:
-            raise ExecutionError("this rank runs the last stage: run_iteration needs labels")
+            raise ExecutionError("this rank runs the first stage: the iteration needs input_ids")
+        if last and labels is None and not self.external_loss:
+            raise ExecutionError("this rank runs the last stage: the iteration needs labels")
+        self.fsm = fsm
         self.input_ids, self.labels = input_ids, labels
         self.values: dict[tuple[str, str, int], Any] = {}
         self.pending: dict[tuple[str, str, int], _InFlight] = {}
@@ -290,28 +321,15 @@ class StageExecutor:
         self.loss_values: dict[int, torch.Tensor] = {}
         self.stats = _Stats()
         self.grads.begin_iteration()
-        fsm = self._fsm_factory(self.program, dbo=self.dbo)
-        self.fsm = fsm
-        begin = time.perf_counter_ns()
-        while True:
-            self._poll()
-            action = fsm.advance()
-            kind = action.kind
-            if _TRACE:
-                print(f"[rank {self.par.rank}] {action!r}", flush=True)
-            if kind == ActionKind.DONE:
-                break
-            if kind == ActionKind.WAIT:
-                self._wait(action.wait_for)
-            elif kind == ActionKind.RUN:
-                self._run(action)
-            elif kind == ActionKind.SEND or kind == ActionKind.RECV:
-                self._p2p(action)
-            else:
-                self._collective(action)
-        wall = time.perf_counter_ns() - begin
+        self._begin_ns = time.perf_counter_ns()
+
+    def end_iteration(self, counters: dict[str, float] | None = None) -> IterationResult:
+        """Finish an iteration: every transfer done, every weight gradient run and reduced, or an error."""
+        for handle in list(self.inflight):
+            self.wait(handle)
+        wall = time.perf_counter_ns() - self._begin_ns
         self._finish_checks()
-        counters = dict(fsm.counters)
+        counters = dict(counters or {})
         s = self.stats
         counters.update({
             "implicit_waits": s.implicit_waits, "wgrad_run": s.wgrad_run, "wgrad_filled": s.wgrad_filled,
@@ -326,6 +344,7 @@ class StageExecutor:
         self.last_result = result
         # Nothing of this iteration's graphs survives it.
         self.values, self.graphs, self.jobs, self.grad_parts = {}, {}, {}, {}
+        self.fsm = None
         return result
 
     def _finish_checks(self) -> None:
@@ -352,10 +371,14 @@ class StageExecutor:
         flight.done_ns = time.perf_counter_ns()
         if flight.on_done is not None:
             flight.on_done()
-        if action_id >= 0:
+        self._complete(action_id)
+
+    def _complete(self, action_id: int) -> None:
+        if self.fsm is not None:
             self.fsm.complete(action_id)
 
-    def _wait(self, action_id: int) -> None:
+    def wait(self, action_id: int) -> None:
+        """Block until the transfer or collective issued as ``action_id`` has finished."""
         flight = self.inflight.get(action_id)
         if flight is None:
             raise ExecutionError(f"the program waits on action {action_id}, which is not in flight")
@@ -370,7 +393,7 @@ class StageExecutor:
         flight = self.pending.get(key)
         if flight is not None and flight.action_id in self.inflight:
             self.stats.implicit_waits += 1
-            self._wait(flight.action_id)
+            self.wait(flight.action_id)
         if key not in self.values:
             layer, name, mb = key
             raise ExecutionError(f"{needed_by} needs {name} of layer {layer} for micro-batch {mb}, which no earlier action produced")
@@ -385,10 +408,11 @@ class StageExecutor:
 
     # ------------------------------------------------------------ RUN
 
-    def _run(self, action: Any) -> None:
-        task = self.tasks[action.task]
+    def run_task(self, task_index: int, mb: int, action_id: int, *, filled: bool = False, fallback: bool = False) -> None:
+        """Run one compute task (forward, dgrad or wgrad) for micro-batch ``mb``, synchronously."""
+        task = self.tasks[task_index]
         op, phase = task_op(task.kind)
-        layer, mb = task.layer, int(action.mb)
+        layer, mb = task.layer, int(mb)
         blocked_before = self.stats.blocked_ns
         start = time.perf_counter_ns()
         if phase == "fwd":
@@ -396,14 +420,14 @@ class StageExecutor:
         elif phase == "dgrad":
             self._dgrad(layer, op, mb)
         else:
-            self._wgrad(layer, op, mb, bool(action.filled), bool(action.fallback))
+            self._wgrad(layer, op, mb, filled, fallback)
         end = time.perf_counter_ns()
         blocked = self.stats.blocked_ns - blocked_before  # a transfer the task had to wait for (implicit wait)
         self.stats.compute_ns += end - start - blocked
         self.records.append(ActionRecord(
-            "run", int(action.id), int(action.task), mb, self.layout.stage_of(layer), start, end, blocked, bool(action.filled), bool(action.fallback)
+            "run", int(action_id), int(task_index), mb, self.layout.stage_of(layer), start, end, blocked, filled, fallback
         ))
-        self.fsm.complete(action.id)
+        self._complete(action_id)
 
     def _graph(self, layer: str, op: str, mb: int, fn: Callable[..., tuple[torch.Tensor, ...]], inputs: Sequence[torch.Tensor | None], extra: Sequence[Any] = ()) -> TaskGraph:
         key = (layer, op, mb)
@@ -419,6 +443,9 @@ class StageExecutor:
             assert self.input_ids is not None
             g = self._graph(layer, op, mb, self._fn(layer, op), [self.input_ids[mb]])
             self.values[(layer, "out", mb)] = g.outputs[0]
+        elif op == "lm_head" and self.external_loss:
+            g = self._graph(layer, op, mb, self._head, [self._layer_input(layer, mb, name)])
+            self.values[(layer, "logits", mb)] = g.outputs[0]
         elif op == "lm_head":
             assert self.labels is not None
             x = self._layer_input(layer, mb, name)
@@ -444,6 +471,39 @@ class StageExecutor:
             self.values[(layer, "shared", mb)] = g.outputs[0]
         else:
             raise BindingError(f"task '{name}' is a forward this executor does not run")
+
+    # ------------------------------------------------------------ stage boundaries (for drivers other than the FSM)
+
+    def stage_input(self, stage: int, mb: int, value: torch.Tensor) -> None:
+        """The input of virtual stage ``stage`` (its first layer's) for ``mb``, received by the caller."""
+        self.values[(self.layout.stage_layers[stage][0], "x_recv", mb)] = value
+
+    def stage_output(self, stage: int, mb: int) -> torch.Tensor:
+        """The output of virtual stage ``stage`` for ``mb``: its last layer's, or the logits with ``external_loss``."""
+        last = self.layout.stage_layers[stage][-1]
+        if self.external_loss and last == self.layout.layers[-1]:
+            return self._resolve((last, "logits", mb), f"the output of stage {stage}")  # type: ignore[no-any-return]
+        return self._layer_output(last, mb, f"the output of stage {stage}")
+
+    def stage_output_grad(self, stage: int, mb: int, grad: torch.Tensor) -> None:
+        """The gradient of stage ``stage``'s output for ``mb`` (received, or of the logits from the loss)."""
+        last = self.layout.stage_layers[stage][-1]
+        name = "logits" if self.external_loss and last == self.layout.layers[-1] else "g_out_recv"
+        self._set_grad(last, name, mb, grad)
+
+    def stage_input_grad(self, stage: int, mb: int) -> torch.Tensor | None:
+        """The gradient of stage ``stage``'s input for ``mb`` (None for the first stage: token ids)."""
+        if stage == 0:
+            return None
+        return self._grad(self.layout.stage_layers[stage][0], "x", mb, f"the input gradient of stage {stage}")
+
+    def run_pending_wgrads(self, stage: int, mb: int) -> None:
+        """Run the weight gradients of ``stage``'s tasks for ``mb`` that have not run yet."""
+        for layer in self.layout.stage_layers[stage]:
+            for op in self.binding.layer_params(layer):
+                key = (layer, op, mb)
+                if (key in self.jobs and not self.jobs[key].done) or (op == "embedding" and key in self.graphs):
+                    self._wgrad(layer, op, mb, False, False)
 
     def _layer_input(self, layer: str, mb: int, needed_by: str) -> torch.Tensor:
         stage = self.layout.stage_of(layer)
@@ -479,7 +539,7 @@ class StageExecutor:
         flight = self.pending.get(key)
         if flight is not None and flight.action_id in self.inflight:
             self.stats.implicit_waits += 1
-            self._wait(flight.action_id)
+            self.wait(flight.action_id)
         got = self.grad_parts.get(key, {})
         missing = [p for p in parts if p not in got]
         if missing:
@@ -520,7 +580,8 @@ class StageExecutor:
         if graph is None:
             raise ExecutionError(f"{name} for micro-batch {mb} runs before its forward")
         if op == "lm_head":
-            (gx,), job = backward_data(graph, [None, None])
+            grads = [self._grad(layer, "logits", mb, name)] if self.external_loss else [None, None]
+            (gx,), job = backward_data(graph, grads)
             self._set_grad(layer, "x", mb, gx)
         elif op == "mixer":
             self._assembled_grads(layer, mb, name)
@@ -595,18 +656,17 @@ class StageExecutor:
         self.stats.tokens_routed += sum(tokens)
         for (task_layer, op, _phase), index in self._dispatch_of.items():
             if task_layer == layer and op in ("dispatch", "combine"):
-                self.fsm.report_tokens(index, mb, tokens)
+                if self.fsm is not None:
+                    self.fsm.report_tokens(index, mb, tokens)
         if self.par.grid.ep > 1:
             self.stats.max_imbalance = max(self.stats.max_imbalance, load_imbalance(tokens, self.par.grid.ep))
         return routing
 
-    def _collective(self, action: Any) -> None:
-        if action.collective == Collective.GRAD_REDUCE:
-            self._grad_reduce(action)
-            return
-        task = self.tasks[action.task]
+    def issue_all_to_all(self, task_index: int, mb: int, action_id: int) -> None:
+        """Start an All-to-All task (dispatch, combine or their backward mirrors) for ``mb``, asynchronously."""
+        task = self.tasks[task_index]
         op, phase = task_op(task.kind)
-        layer, mb = task.layer, int(action.mb)
+        layer, mb = task.layer, int(mb)
         name = f"{layer}.{op}.{phase}"
         routing = self._routing(layer, mb)
         send, recv = routing.send_splits, routing.recv_splits
@@ -623,9 +683,9 @@ class StageExecutor:
         else:
             raise BindingError(f"task '{name}' is not an All-to-All this executor knows")
         grads = phase == "dgrad"
-        self._all_to_all(action, tensor.detach(), splits, target, grads)
+        self._all_to_all(action_id, task_index, tensor.detach(), splits, target, grads)
 
-    def _all_to_all(self, action: Any, tensor: torch.Tensor, splits: tuple[list[int], list[int]], target: tuple[str, str, int], grads: bool) -> None:
+    def _all_to_all(self, action_id: int, task_index: int, tensor: torch.Tensor, splits: tuple[list[int], list[int]], target: tuple[str, str, int], grads: bool) -> None:
         layer, name, mb = target
         send, recv = splits
         start = time.perf_counter_ns()
@@ -646,9 +706,9 @@ class StageExecutor:
             record.end_ns = time.perf_counter_ns()
             record.blocked_ns = flight.blocked_ns
 
-        record = ActionRecord("all_to_all", int(action.id), int(action.task), mb, self.layout.stage_of(layer), start, start)
+        record = ActionRecord("all_to_all", int(action_id), int(task_index), mb, self.layout.stage_of(layer), start, start)
         self.records.append(record)
-        flight = self._track(int(action.id), f"{layer}.{name}[{mb}]", [work], done, _grad_key(*target) if grads else target)
+        flight = self._track(int(action_id), f"{layer}.{name}[{mb}]", [work], done, _grad_key(*target) if grads else target)
 
     # ------------------------------------------------------------ pipeline transfers
 
@@ -710,8 +770,9 @@ class StageExecutor:
 
     # ------------------------------------------------------------ gradient reduction
 
-    def _grad_reduce(self, action: Any) -> None:
-        vstage = int(action.vstage)
+    def reduce_stage(self, vstage: int, action_id: int) -> None:
+        """Start the gradient reduction of virtual stage ``vstage`` (its weight gradients must all have run)."""
+        vstage = int(vstage)
         if self.plan.pp == 1:
             # One stage holds every layer (see StageLayout): reduce what is complete and not yet reduced.
             layers = list(self.layout.layers)
@@ -755,7 +816,7 @@ class StageExecutor:
 
             finishers.append(unflatten)
         self.reduced.update(keys)
-        record = ActionRecord("grad_reduce", int(action.id), -1, 0, vstage, start, start)
+        record = ActionRecord("grad_reduce", int(action_id), -1, 0, vstage, start, start)
         self.records.append(record)
 
         def done() -> None:
@@ -763,4 +824,4 @@ class StageExecutor:
                 f()
             record.end_ns = time.perf_counter_ns()
 
-        self._track(int(action.id), f"gradient reduction of stage {vstage}", works, done)
+        self._track(int(action_id), f"gradient reduction of stage {vstage}", works, done)

@@ -133,6 +133,10 @@ class RankGrid:
         """The ranks of one expert-parallel group (their All-to-Alls)."""
         return [self.rank(pp_rank, e, dp_rank) for e in range(self.ep)]
 
+    def pp_group(self, ep_rank: int, dp_rank: int) -> list[int]:
+        """The ranks of one pipeline: every stage at one EP and DP position (point-to-point transfers)."""
+        return [self.rank(p, ep_rank, dp_rank) for p in range(self.pp)]
+
     def dense_group(self, pp_rank: int) -> list[int]:
         """Ranks holding the same non-expert parameters: one stage's EP and DP ranks (gradient reduction)."""
         return [self.rank(pp_rank, e, d) for d in range(self.dp) for e in range(self.ep)]

@@ -38,17 +38,13 @@ from torch import nn
 
 from runtime.layout import RankGrid
 from runtime.moe_binding import MoEBinding, Routing, shard_experts
+from runtime.moe_binding import task_boundary as _cut
 
 
 def deterministic_cpu_mode() -> None:
     """The mode in which the executor and the reference agree bitwise (see the module docstring)."""
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
-
-
-def _cut(t: torch.Tensor) -> torch.Tensor:
-    # A task boundary: the gradients of the task's uses of ``t`` meet here before leaving it.
-    return t.view_as(t) if t.requires_grad else t
 
 
 class _Exchange(torch.autograd.Function):

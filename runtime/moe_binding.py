@@ -50,6 +50,18 @@ WEIGHTED_OPS = frozenset({"embedding", "mixer", "router", "expert_gemm", "shared
 _DECODER_NAME = re.compile(r"^l(\d+)$")
 
 
+def task_boundary(t: torch.Tensor) -> torch.Tensor:
+    """Where a task's input enters it when tasks are joined by ordinary autograd: an identity view.
+
+    The gradients of the task's uses of ``t`` are summed at this view before they
+    leave the task, as they are when the task runs as its own piece of graph
+    (``runtime.backward_split``); where a tensor feeds two tasks, the two sums are
+    then added. Without it, autograd would add all uses in one interleaved order,
+    and float sums in another order differ in their last bits.
+    """
+    return t.view_as(t) if t.requires_grad else t
+
+
 class BindingError(ValueError):
     """A model or a plan task this binding cannot map to work."""
 
@@ -332,15 +344,37 @@ class MoEBinding:
 
         return assemble
 
-    def head_fn(self, loss_divisor: int) -> Callable[..., tuple[torch.Tensor, ...]]:
+    def logits_fn(self) -> Callable[..., tuple[torch.Tensor, ...]]:
         norm, lm_head = self.final_norm, self.lm_head
 
+        def logits(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return (lm_head(norm(x)),)
+
+        return logits
+
+    def head_fn(self, loss_divisor: int) -> Callable[..., tuple[torch.Tensor, ...]]:
+        """The head with its loss: (loss / ``loss_divisor`` for the backward, the loss itself for reporting)."""
+        logits_of = self.logits_fn()
+        loss_of = loss_fn(loss_divisor)
+
         def head(x: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            logits = lm_head(norm(x))
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
-            return loss / loss_divisor, loss.detach()
+            return loss_of(logits_of(x)[0], labels)
 
         return head
+
+
+def loss_fn(loss_divisor: int) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """Next-token cross-entropy of one micro-batch: (loss / ``loss_divisor``, loss).
+
+    Dividing by (micro-batches x replicas) before the backward makes the summed
+    gradients those of the mean loss over the whole batch.
+    """
+
+    def loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        value = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+        return value / loss_divisor, value.detach()
+
+    return loss
 
 
 def _name_in(parent: nn.Module, child: nn.Module) -> str:

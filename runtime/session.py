@@ -104,8 +104,9 @@ def mean_loss(losses: list[list[float]]) -> float:
 class TrainingSession:
     """One rank of a job trained under a plan (see the module docstring)."""
 
-    def __init__(self, executor: StageExecutor, grid: RankGrid, rank: int, health: HealthWatch | None):
+    def __init__(self, executor: StageExecutor, grid: RankGrid, rank: int, health: HealthWatch | None, bridge: Any = None):
         self.executor = executor
+        self.bridge = bridge
         self.grid = grid
         self.rank = rank
         self.health = health
@@ -129,7 +130,12 @@ class TrainingSession:
         dbo: bool = True,
         health: bool = True,
         fsm_factory: Any = None,
+        driver: str = "fsm",
     ) -> TrainingSession:
+        """``driver``: ``fsm`` (the C++ FSM orders the work) or ``pipelining`` (torch.distributed.pipelining's
+        runtime runs the exported schedule, each chunk and pair by Tessera's executor)."""
+        if driver not in ("fsm", "pipelining"):
+            raise ValueError(f"driver must be 'fsm' or 'pipelining', got '{driver}'")
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialized: call dist.init_process_group first (torchrun sets it up)")
         data = plan_bytes(plan)
@@ -145,8 +151,14 @@ class TrainingSession:
         shard_experts(model, ep_rank, grid.ep)
         binding = MoEBinding(model, ep=grid.ep, ep_rank=ep_rank)
         layout = StageLayout.from_programs(programs)
-        executor = StageExecutor(programs[pp_rank], layout, binding, parallel, dbo=dbo, fsm_factory=fsm_factory)
-        return cls(executor, grid, rank, watch)
+        executor = StageExecutor(programs[pp_rank], layout, binding, parallel, dbo=dbo, fsm_factory=fsm_factory,
+                                 external_loss=driver == "pipelining")
+        bridge = None
+        if driver == "pipelining":
+            from runtime.pipelining_bridge import build_bridge
+
+            bridge = build_bridge(executor, programs)
+        return cls(executor, grid, rank, watch, bridge)
 
     def parameters(self) -> list[torch.Tensor]:
         return self.executor.parameters()
@@ -157,7 +169,10 @@ class TrainingSession:
 
     def step(self, input_ids: torch.Tensor | None, labels: torch.Tensor | None) -> StepResult:
         """Run the plan once on this rank's slice; gather the losses on the reporting rank."""
-        result = self.executor.run_iteration(input_ids, labels)
+        if self.bridge is not None:
+            result = self.bridge.step(input_ids, labels)
+        else:
+            result = self.executor.run_iteration(input_ids, labels)
         losses = loss_tensors = None
         if self._in_loss_group:
             mine = torch.stack(result.loss_tensors).reshape(-1).to(torch.float32)
