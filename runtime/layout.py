@@ -75,6 +75,10 @@ class StageLayout:
                     layer = tasks[ins.a].layer
                     if runs_on.setdefault(layer, rank) != rank:
                         raise PlanError(f"layer '{layer}' runs forward on ranks {runs_on[layer]} and {rank}", "program")
+        if pp == 1:
+            # One rank runs everything: the chunks of interleaving cannot be told apart, and
+            # nothing depends on them (no transfers); the rank is one stage.
+            return cls(pp, vpp, tuple(layers), (tuple(layers),))
         missing = [name for name in layers if name not in runs_on]
         if missing:
             raise PlanError(f"no rank runs the forward of layer(s) {', '.join(missing)}", "program")
@@ -84,17 +88,13 @@ class StageLayout:
                 stages.append([])
             stages[-1].append(name)
         virtual = pp * vpp
-        if pp == 1:
-            # One rank runs everything: the chunks of interleaving cannot be told apart, and
-            # nothing depends on them (no transfers); the rank is one stage.
-            stages = [list(layers)]
-        elif len(stages) != virtual:
+        if len(stages) != virtual:
             raise PlanError(
                 f"the programs run the layers in {len(stages)} contiguous groups, but the plan has {virtual} "
                 f"virtual stages (pp {pp} x vpp {vpp})", "program",
             )
         for s, names in enumerate(stages):
-            if pp > 1 and runs_on[names[0]] != s % pp:
+            if runs_on[names[0]] != s % pp:
                 raise PlanError(f"virtual stage {s} runs on rank {runs_on[names[0]]}, not on rank {s % pp}", "program")
         return cls(pp, vpp, tuple(layers), tuple(tuple(s) for s in stages))
 

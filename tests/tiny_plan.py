@@ -9,7 +9,7 @@ chunk has on its own), every weight gradient deferred to its stage's gradient
 reduction when ``defer`` is set, and a DBO slot before every wait on an
 All-to-All when ``dbo`` is set.
 
-``python tests/runtime/tiny_plan.py OUT.tsb [--seq-len N] ...`` writes one.
+``python tests/tiny_plan.py OUT.tsb [--seq-len N] ...`` writes one.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import functools
 from pathlib import Path
+from typing import Any
 
 from codegen.signature import plan_signature
 from passes.pipelining.order import rank_order
@@ -36,9 +37,23 @@ from runtime.bytecode import (
 )
 from tessera_ir.model import Module
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny_qwen3_next.py"
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny_qwen3_next.py"
 FWD = ("embedding", "mixer", "router", "dispatch", "shared_expert", "expert_gemm", "combine", "lm_head")
 MIXERS = ("attention", "linear_attention")
+
+
+@functools.cache
+def tiny_example() -> Any:
+    """``examples/tiny_qwen3_next.py`` imported by path (the examples folder is not a package)."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("tiny_qwen3_next_example", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 @functools.lru_cache(maxsize=8)
@@ -169,21 +184,21 @@ def tiny_plan_image(
     index: dict[str, int] = {}
     mixers: dict[str, str] = {}
     for layer in module.layers:
-        for t in layer.tasks:
-            op = t.kind.rpartition(".")[0]
+        for task in layer.tasks:
+            op = task.kind.rpartition(".")[0]
             if op in MIXERS:
                 mixers[layer.name] = op
-            index[t.name] = len(tasks)
-            resource = Stream.COMM if str(getattr(t.resource, "value", t.resource)) == "comm" else Stream.COMPUTE
-            duration = max(1.0, (t.flops or 0) / 2e4 + (t.bytes or 0) / 2e4)
-            memory = int(t.act_bytes or 0) + (1 << 16) if t.movable else 0
-            tasks.append(TaskInfo(t.name, t.kind, layer.name, resource, bool(t.movable), round(duration, 3), memory))
+            index[task.name] = len(tasks)
+            resource = Stream.COMM if str(getattr(task.resource, "value", task.resource)) == "comm" else Stream.COMPUTE
+            duration = max(1.0, (task.flops or 0) / 2e4 + (task.bytes or 0) / 2e4)
+            memory = int(task.act_bytes or 0) + (1 << 16) if task.movable else 0
+            tasks.append(TaskInfo(task.name, task.kind, layer.name, resource, bool(task.movable), round(duration, 3), memory))
     slots: list[SlotInfo] = []
     slot_of: dict[int, int] = {}
-    for i, t in enumerate(tasks):
-        if t.resource == Stream.COMM:
+    for i, info in enumerate(tasks):
+        if info.resource == Stream.COMM:
             slot_of[i] = len(slots)
-            slots.append(SlotInfo(i, 20.0, t.duration_us, 30.0))
+            slots.append(SlotInfo(i, 20.0, info.duration_us, 30.0))
     layer_names = [layer.name for layer in module.layers]
     stage_layers = stages or even_stages(layer_names, pp * vpp)
     plan = PlanInfo(pp, vpp, ep, 1, microbatches, 1, seq_len, "fp32", model or "tiny_qwen3_next", "analytic", "cpu", 1 << 40)
