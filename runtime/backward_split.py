@@ -11,35 +11,37 @@ How the split works. While a task's forward runs, each of its parameters is
 replaced by a ``WeightUse`` leaf that shares the parameter's storage. Its
 ``__torch_function__`` sees only the operations that touch a parameter (the
 rest of the forward runs at full speed): an operation on parameters alone
-(``w.t()``, ``experts[e]``, ``a_log.exp()``) gives another ``WeightUse``; an
-operation that combines a parameter with an activation (``F.linear(x, w)``,
-``x * norm_weight``) is a *weight operation*, and its output is recorded.
+(``w.t()``, ``experts[e]``, ``a_log.exp()``, an embedding lookup) gives another
+``WeightUse``; an operation that combines a parameter with an activation
+(``F.linear(x, w)``, ``x * norm_weight``, ``conv1d(x, w)``) is a *weight
+operation*. A weight operation runs as one node of the task's graph
+(``_WeightOpNode``) that holds the operation's own one-operation graph:
 
 - dgrad: one ``torch.autograd.grad`` from the task's outputs to its input
-  leaves *and* to the recorded weight-operation outputs. Autograd computes only
-  what those need: through a weight operation it computes the gradient of the
-  activation side, not the weight side. The gradients that arrive at the
-  weight-operation outputs are kept.
-- wgrad: for each weight operation, the weight side of that one operation
-  (``autograd.grad(output, weight_args, kept_grad)``: for a linear layer the one
-  GEMM ``grad^T @ x``), then the chain from the weight arguments back to the
-  parameter leaves (transposes, indexing), which involves no activation. No
-  part of the backward runs twice, and each node computes what it computes in
-  an ordinary ``loss.backward()``, so the values are bitwise the same.
+  leaves. At each weight operation the node computes, on its own small graph,
+  the gradient of the activation side only (for a linear layer the one GEMM
+  ``grad @ w``), keeps the gradient that arrived at its output, and sends
+  nothing towards the weight;
+- wgrad: for each weight operation, the weight side of that operation on its
+  small graph (``grad^T @ x``), then the chain from the weight arguments back
+  to the parameter leaves (transposes, indexing), which involves no activation.
+
+Nothing runs twice, no call walks the task's whole graph again, and every
+operation computes what it computes in an ordinary ``loss.backward()``, so the
+values are bitwise the same. After dgrad the task's graph is freed; only the
+inputs of its weight operations stay alive for wgrad. A weight applied several
+times (experts, a recurrent weight) gets the sum of each application's weight
+gradient, each from the gradient that reached that application.
 
 A weight-gradient job runs at most once; the executor folds its result into
 ``param.grad`` in micro-batch order (``OrderedGradients``), so the order in
 which DBO runs deferred jobs does not change a bit of the sums.
-
-Limit: a parameter applied again to an output of its own earlier use within one
-task (a recurrent weight) would have its later uses counted twice in wgrad;
-``run_forward`` refuses such a task instead of computing a wrong gradient.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,33 +54,31 @@ class SplitError(RuntimeError):
     """A task whose backward cannot be split, or a split job used twice."""
 
 
+def _is_activation(value: Any) -> bool:
+    # Token ids and routing indices select from a weight; they are not activations.
+    return isinstance(value, torch.Tensor) and not isinstance(value, WeightUse) and (value.is_floating_point() or value.is_complex())
+
+
 class WeightUse(torch.Tensor):
     """A parameter (or a tensor computed from parameters alone) inside one task's forward."""
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
-        with torch._C.DisableTorchFunctionSubclass():
-            out = func(*args, **kwargs)
         recording = _current_recording()
-        if recording is None or not isinstance(out, (torch.Tensor, tuple, list)):
+        if recording is None or not torch.is_grad_enabled():
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **kwargs)
+        if not any(_is_activation(a) for a in _flat(args, kwargs)):
+            # Parameters only: the result is still weight side (w.t(), experts[e], -a.exp(), an embedding lookup).
+            with torch._C.DisableTorchFunctionSubclass():
+                out = func(*args, **kwargs)
+            if isinstance(out, torch.Tensor):
+                return out.as_subclass(WeightUse)
+            if isinstance(out, (tuple, list)):
+                return type(out)(o.as_subclass(WeightUse) if isinstance(o, torch.Tensor) else o for o in out)
             return out
-        weights: list[torch.Tensor] = []
-        activations = False
-        for arg in _flat(args, kwargs):
-            if isinstance(arg, WeightUse):
-                weights.append(arg)
-            elif isinstance(arg, torch.Tensor) and (arg.is_floating_point() or arg.is_complex()):
-                activations = True  # token ids and routing indices select from a weight; they are not activations
-        outputs = out if isinstance(out, (tuple, list)) else (out,)
-        if not activations:
-            # Parameters only: the result is still "weight side" (w.t(), experts[e], -a.exp()).
-            wrapped = [o.as_subclass(WeightUse) if isinstance(o, torch.Tensor) else o for o in outputs]
-            return wrapped[0] if not isinstance(out, (tuple, list)) else type(out)(wrapped)
-        for o in outputs:
-            if isinstance(o, torch.Tensor) and o.requires_grad:
-                recording.add(o, tuple(weights))
-        return out
+        return _weight_op(recording, func, args, kwargs)
 
 
 def _flat(args: Sequence[Any], kwargs: dict[str, Any]) -> Iterator[Any]:
@@ -91,26 +91,24 @@ def _flat(args: Sequence[Any], kwargs: dict[str, Any]) -> Iterator[Any]:
 
 @dataclass
 class WeightOp:
-    """An operation that combined parameters with activations, and its output.
+    """One weight operation of a task: its own small graph, and the gradient that reached its output.
 
-    A task output computed from parameters alone (an embedding lookup) is
-    handed out as a plain alias; the alias is then the "operation", so the
-    gradient that arrives at it goes all to the weight side.
+    ``weight_args`` are the operation's weight arguments as the task's graph has
+    them (``WeightUse`` leaves, or tensors computed from them); ``inner_weights``
+    the same tensors as leaves of the small graph. A task output computed from
+    parameters alone (an embedding lookup) is an operation too: its ``outputs``
+    are the task output itself and ``inner_weights`` its weight-side tensor.
     """
 
-    output: torch.Tensor
+    outputs: tuple[torch.Tensor, ...]
+    inner_weights: tuple[torch.Tensor, ...]
     weight_args: tuple[torch.Tensor, ...]
+    grads: tuple[torch.Tensor | None, ...] | None = None
 
 
 @dataclass
 class _Recording:
     ops: list[WeightOp] = field(default_factory=list)
-    seen: set[int] = field(default_factory=set)  # ids of recorded outputs (one op may return several)
-
-    def add(self, output: torch.Tensor, weight_args: tuple[torch.Tensor, ...]) -> None:
-        if id(output) not in self.seen:
-            self.seen.add(id(output))
-            self.ops.append(WeightOp(output, weight_args))
 
 
 _local = threading.local()
@@ -119,6 +117,84 @@ _local = threading.local()
 def _current_recording() -> _Recording | None:
     stack = getattr(_local, "stack", None)
     return stack[-1] if stack else None
+
+
+def _rebuild(value: Any, tensors: Iterator[torch.Tensor]) -> Any:
+    """``value`` (an argument, possibly a list or tuple of them) with each tensor replaced by the next of ``tensors``."""
+    if isinstance(value, torch.Tensor):
+        return next(tensors)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_rebuild(v, tensors) for v in value)
+    return value
+
+
+def _engine() -> Any:
+    """torch's autograd engine, to run many tiny backwards without the Python wrapper's per-call checks."""
+    return getattr(getattr(torch.autograd, "Variable", None), "_execution_engine", None)
+
+
+_ENGINE = _engine()
+
+
+def _small_grad(outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], retain: bool) -> tuple[torch.Tensor | None, ...]:
+    """``torch.autograd.grad(outputs, inputs, grads, retain_graph=retain, allow_unused=True)`` on a one-operation graph.
+
+    Called once per weight operation and micro-batch, twice (dgrad, wgrad): the
+    public wrapper's shape checks and conversions cost more than the operation's
+    own backward here, and the gradients are shaped by construction.
+    """
+    if _ENGINE is not None:
+        got: tuple[torch.Tensor | None, ...] = _ENGINE.run_backward(
+            tuple(outputs), tuple(grads), retain, False, tuple(inputs), True, False
+        )
+        return got
+    return torch.autograd.grad(outputs, inputs, grads, retain_graph=retain, allow_unused=True)
+
+
+class _WeightOpNode(torch.autograd.Function):
+    """A weight operation inside the task's graph; its backward sends gradients to activations only."""
+
+    @staticmethod
+    def forward(ctx: Any, call: Any, *tensors: torch.Tensor) -> Any:  # type: ignore[override]
+        func, args, kwargs, op, weight_flags = call
+        with torch.enable_grad(), torch._C.DisableTorchFunctionSubclass():
+            inner = [t.detach().requires_grad_(t.requires_grad) for t in tensors]
+            it = iter(inner)
+            out = func(*_rebuild(args, it), **{k: _rebuild(v, it) for k, v in kwargs.items()})
+        outputs = out if isinstance(out, (tuple, list)) else (out,)
+        op.outputs = tuple(outputs)
+        op.inner_weights = tuple(t for t, w in zip(inner, weight_flags) if w)
+        ctx.op, ctx.inner, ctx.weight_flags = op, inner, weight_flags
+        ctx.multiple = isinstance(out, (tuple, list))
+        detached = tuple(o.detach() for o in outputs)
+        return detached if ctx.multiple else detached[0]
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
+        op: WeightOp = ctx.op
+        if op.grads is not None:
+            raise SplitError("a weight operation's data gradient was computed twice")
+        op.grads = tuple(grads)
+        wanted = [i for i, (t, w) in enumerate(zip(ctx.inner, ctx.weight_flags)) if not w and t.requires_grad]
+        pairs = [(o, g) for o, g in zip(op.outputs, grads) if o.requires_grad and g is not None]
+        got: tuple[torch.Tensor | None, ...] = (None,) * len(wanted)
+        if wanted and pairs:
+            # The activation side only; the small graph is kept for the weight side (wgrad).
+            got = _small_grad([o for o, _ in pairs], [ctx.inner[i] for i in wanted], [g for _, g in pairs], True)
+        out: list[torch.Tensor | None] = [None] * len(ctx.inner)
+        for i, g in zip(wanted, got):
+            out[i] = g
+        ctx.inner = None
+        return (None, *out)
+
+
+def _weight_op(recording: _Recording, func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    tensors = [a for a in _flat(args, kwargs) if isinstance(a, torch.Tensor)]
+    flags = tuple(isinstance(t, WeightUse) for t in tensors)
+    op = WeightOp((), (), tuple(t for t in tensors if isinstance(t, WeightUse)))
+    recording.ops.append(op)
+    with torch._C.DisableTorchFunctionSubclass():
+        return _WeightOpNode.apply((func, args, kwargs, op, flags), *tensors)
 
 
 @dataclass(frozen=True)
@@ -177,6 +253,7 @@ class TaskGraph:
     slots: tuple[ParamSlot, ...]
     leaves: tuple[torch.Tensor, ...]
     ops: list[WeightOp]
+    weight_side: tuple[WeightOp, ...]  # task outputs computed from parameters alone
     dgrad_done: bool = False
 
 
@@ -208,23 +285,20 @@ class ForwardRunner:
         stack.append(recording)
         try:
             with _weights_swapped(slots, leaves):
-                outputs = fn(*(t if t is not None else None for t in leaf_inputs), *extra)
+                outputs = fn(*leaf_inputs, *extra)
         finally:
             stack.pop()
         if isinstance(outputs, torch.Tensor):
             outputs = (outputs,)
-        handed_out = []
+        handed_out, weight_side = [], []
         for out in outputs:
             if isinstance(out, WeightUse):
                 plain = out.as_subclass(torch.Tensor)  # all weight side (see WeightOp)
-                recording.ops.append(WeightOp(plain, (out,)))
+                weight_side.append(WeightOp((plain,), (out,), (out,)))
                 out = plain
             handed_out.append(out)
-        outputs = tuple(handed_out)
         grad_inputs = tuple(t if t is not None and t.requires_grad else None for t in leaf_inputs)
-        graph = TaskGraph(name, grad_inputs, tuple(outputs), tuple(slots), leaves, recording.ops)
-        _refuse_chained_weights(graph)
-        return graph
+        return TaskGraph(name, grad_inputs, tuple(handed_out), tuple(slots), leaves, recording.ops, tuple(weight_side))
 
 
 def _as_leaf(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -235,72 +309,11 @@ def _as_leaf(t: torch.Tensor | None) -> torch.Tensor | None:
     return t
 
 
-def _refuse_chained_weights(graph: TaskGraph) -> None:
-    """Refuse a task in which a parameter is applied to an output of its own earlier use.
-
-    Checked on the autograd graph between the recorded operations: only tasks
-    that record a parameter more than once pay for the walk.
-    """
-    uses: dict[int, list[int]] = {}
-    for i, op in enumerate(graph.ops):
-        for leaf_index in _leaf_sources(op.weight_args, graph.leaves):
-            uses.setdefault(leaf_index, []).append(i)
-    for leaf_index, op_indices in uses.items():
-        if len(op_indices) < 2:
-            continue
-        nodes = {graph.ops[i].output.grad_fn for i in op_indices}
-        for i in op_indices:
-            node = graph.ops[i].output.grad_fn
-            for earlier in _reachable(node, nodes - {node}):
-                if earlier is not None:
-                    raise SplitError(
-                        f"task '{graph.name}': parameter '{graph.slots[leaf_index].key}' is applied to the output of "
-                        "its own earlier use (a recurrent weight); its weight gradient cannot be split from the data "
-                        "gradient, so run this model without deferred weight gradients"
-                    )
-
-
-def _upstream(starts: Iterable[Any]) -> Iterator[Any]:
-    """Every autograd node reachable from ``starts`` towards the inputs, each once."""
-    stack = list(starts)
-    seen: set[Any] = set()
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        yield node
-        stack.extend(n for n, _ in node.next_functions)
-
-
-def _leaf_sources(weight_args: Sequence[torch.Tensor], leaves: Sequence[torch.Tensor]) -> set[int]:
-    """Which parameter leaves the weight arguments of an operation come from."""
-    ids = {id(leaf): i for i, leaf in enumerate(leaves)}
-    found: set[int] = set()
-    for arg in weight_args:
-        if id(arg) in ids:
-            found.add(ids[id(arg)])
-            continue
-        for node in _upstream([arg.grad_fn]):
-            variable = getattr(node, "variable", None)
-            if variable is not None and id(variable) in ids:
-                found.add(ids[id(variable)])
-    return found
-
-
-def _reachable(start: Any, targets: set[Any]) -> Iterator[Any]:
-    """The nodes of ``targets`` reachable from ``start`` going towards the inputs."""
-    if not targets or start is None:
-        return
-    yield from (node for node in _upstream(n for n, _ in start.next_functions) if node in targets)
-
-
 @dataclass
 class WeightGradJob:
     """The deferred half of a task's backward: its weight gradients, computable exactly once."""
 
     graph: TaskGraph
-    op_grads: list[torch.Tensor | None]
     done: bool = False
 
     def run(self) -> dict[str, torch.Tensor | None]:
@@ -310,10 +323,17 @@ class WeightGradJob:
         self.done = True
         graph = self.graph
         per_arg: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        for op, grad in zip(graph.ops, self.op_grads):
-            if grad is None:
+        weight_side = {id(op) for op in graph.weight_side}
+        for op in (*graph.ops, *graph.weight_side):
+            if op.grads is None:
+                continue  # its output received no gradient
+            pairs = [(o, g) for o, g in zip(op.outputs, op.grads) if g is not None and o.requires_grad]
+            if not pairs:
                 continue
-            grads = torch.autograd.grad(op.output, op.weight_args, grad, retain_graph=True, allow_unused=True)
+            if id(op) in weight_side:
+                grads: Sequence[torch.Tensor | None] = [pairs[0][1]]  # the output is the weight-side tensor itself
+            else:
+                grads = _small_grad([o for o, _ in pairs], op.inner_weights, [g for _, g in pairs], False)
             for arg, g in zip(op.weight_args, grads):
                 if g is None:
                     continue
@@ -330,14 +350,13 @@ class WeightGradJob:
                 derived_grads.append(g)
         if derived_args:
             # Back from w.t(), experts[e], ... to the parameter leaves: no activation is involved.
-            grads = torch.autograd.grad(derived_args, graph.leaves, derived_grads, allow_unused=True)
-            for i, g in enumerate(grads):
+            back = torch.autograd.grad(derived_args, graph.leaves, derived_grads, allow_unused=True)
+            for i, g in enumerate(back):
                 if g is not None:
                     previous = result[i]
                     result[i] = g if previous is None else previous + g
-        # The graph (and the activations it holds) is released with this job.
-        self.op_grads = []
-        graph.ops = []
+        # The small graphs (and the activations they hold) are released with this job.
+        graph.ops, graph.weight_side = [], ()
         return {slot.key: g for slot, g in zip(graph.slots, result)}
 
 
@@ -352,20 +371,28 @@ def backward_data(graph: TaskGraph, grad_outputs: Sequence[torch.Tensor | None])
     graph.dgrad_done = True
     if len(grad_outputs) != len(graph.outputs):
         raise SplitError(f"'{graph.name}' has {len(graph.outputs)} outputs but got {len(grad_outputs)} gradients")
+    weight_side = {id(op.outputs[0]): op for op in graph.weight_side}
     outs, grads = [], []
     for out, g in zip(graph.outputs, grad_outputs):
-        if out.requires_grad and (g is not None or out.dim() == 0):
-            outs.append(out)
-            grads.append(g if g is not None else torch.ones_like(out))
+        if not out.requires_grad or (g is None and out.dim() != 0):
+            continue
+        g = g if g is not None else torch.ones_like(out)
+        if id(out) in weight_side:
+            weight_side[id(out)].grads = (g,)  # all of it is weight gradient, for wgrad
+            continue
+        outs.append(out)
+        grads.append(g)
     inputs = [t for t in graph.inputs if t is not None]
-    targets = inputs + [op.output for op in graph.ops]
-    got: tuple[torch.Tensor | None, ...] = (None,) * len(targets)
-    if outs and targets:
-        got = torch.autograd.grad(outs, targets, grads, retain_graph=bool(graph.ops), allow_unused=True)
-    it = iter(got[: len(inputs)])
+    got: tuple[torch.Tensor | None, ...] = (None,) * len(inputs)
+    if outs:
+        # Through every weight operation this computes the activation side only (_WeightOpNode).
+        targets = inputs or [leaf for leaf in graph.leaves]  # no input to reach: still let the weight operations see their gradients
+        result = torch.autograd.grad(outs, targets, grads, allow_unused=True)
+        got = result[: len(inputs)] if inputs else got
+    it = iter(got)
     input_grads = tuple(next(it) if t is not None else None for t in graph.inputs)
     graph.outputs = ()
-    return input_grads, WeightGradJob(graph, list(got[len(inputs) :]))
+    return input_grads, WeightGradJob(graph)
 
 
 class OrderedGradients:

@@ -4,6 +4,8 @@ A plan is only as good as its costs. During training the executor records
 when every action started and ended (``ActionRecord``); the ledger compares
 that, each iteration, with what the plan predicts for the same work:
 
+- ``task``: each compute task (mean over micro-batches): its plan duration
+  against the time it ran;
 - ``collective``: each All-to-All task (mean over micro-batches): predicted is
   its task duration, observed the time from issue to completion, with the part
   the training thread waited for (``exposed_us``);
@@ -21,9 +23,10 @@ Per iteration it reports the mean and p95 of the relative error
 ``|observed - predicted| / predicted`` over those rows, and flags re-planning
 when the mean error has stayed above ``threshold`` for ``window`` iterations
 in a row: the profile the plan was built from is stale (new kernels, shapes,
-routing). Rows are written as JSON lines; ``tessera-compile --ledger`` folds
-them into the report and re-prices the pairs they measured (by their layer
-names, which the rows carry).
+routing). Rows are written as JSON lines, each with the hardware the plan was
+costed for; ``tessera-compile --ledger`` folds them into the report, takes the
+observed task durations as the tasks' isolated durations, and re-prices the
+pairs they measured (by their layer names, which the rows carry).
 """
 
 from __future__ import annotations
@@ -166,6 +169,9 @@ class PredictionLedger:
         self.stage_layers = [list(s) for s in stage_layers]
         self.stage_of = {layer: s for s, layers in enumerate(self.stage_layers) for layer in layers}
         self.threshold, self.window = threshold, window
+        plan = program.plan
+        # What the observed times depend on besides the hardware: a planner folds them only into the same settings.
+        self.settings = {name: getattr(plan, name) for name in ("model", "ep", "tp", "micro_batch_size", "seq_len", "dtype")}
         self.timeline = static_timeline(program)
         self.units = program_units(program, self.stage_of)
         self.pairs = program_pairs(self.units)
@@ -182,10 +188,13 @@ class PredictionLedger:
     def record(self, iteration: int, result: Any) -> IterationSummary:
         """Add one iteration's rows (``result`` is the executor's ``IterationResult``)."""
         by_action = {r.action: r for r in result.records}
-        rows = self._collective_rows(result.records) + self._stage_rows(by_action) + self._pair_rows(result.records, by_action)
+        rows = (self._task_rows(result.records) + self._collective_rows(result.records) + self._stage_rows(by_action)
+                + self._pair_rows(result.records, by_action))
         errors = []
+        hardware = str(self.program.plan.hardware)
         for row in rows:
-            row.update({"format": FORMAT, "iteration": iteration, "rank": self.rank})
+            row.update({"format": FORMAT, "iteration": iteration, "rank": self.rank, "hardware": hardware,
+                        "settings": self.settings})
             err = relative_error(row["predicted_us"], row["observed_us"])
             row["error"] = err
             if err is not None:
@@ -195,12 +204,27 @@ class PredictionLedger:
         summary = IterationSummary(iteration, len(rows), mean, p95(errors), self._above >= self.window)
         self.rows.extend(rows)
         self.rows.append({
-            "format": FORMAT, "kind": "summary", "iteration": iteration, "rank": self.rank, "rows": len(rows),
+            "format": FORMAT, "kind": "summary", "iteration": iteration, "rank": self.rank, "hardware": hardware,
+            "settings": self.settings, "rows": len(rows),
             "mean_abs_error": mean, "p95_abs_error": summary.p95_abs_error, "replan": summary.replan,
             "threshold": self.threshold, "window": self.window,
         })
         self.summaries.append(summary)
         return summary
+
+    def _task_rows(self, records: Iterable[Any]) -> list[dict[str, Any]]:
+        times: dict[int, list[float]] = {}
+        for r in records:
+            if r.kind == "run":
+                times.setdefault(r.task, []).append((r.end_ns - r.start_ns - r.blocked_ns) / 1e3)
+        rows = []
+        for task, values in sorted(times.items()):
+            t = self.tasks[task]
+            rows.append({
+                "kind": "task", "name": t.name, "layers": [t.layer], "stage": self.stage_of[t.layer],
+                "predicted_us": float(t.duration_us), "observed_us": sum(values) / len(values), "samples": len(values),
+            })
+        return rows
 
     def _collective_rows(self, records: Iterable[Any]) -> list[dict[str, Any]]:
         spans: dict[int, list[tuple[float, float]]] = {}
@@ -300,7 +324,7 @@ def read_ledger(path: str | Path) -> list[dict[str, Any]]:
 
 
 def summarize(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """Per kind (pair, stage, collective): rows, mean and p95 relative error; and whether any rank flagged re-planning."""
+    """Per kind (task, pair, stage, collective): rows, mean and p95 relative error; whether any rank flagged re-planning."""
     errors: dict[str, list[float]] = {}
     replan = False
     for row in rows:

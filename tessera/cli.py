@@ -127,6 +127,9 @@ def _compile_parser() -> argparse.ArgumentParser:
     p.add_argument("--dump-dir", metavar="DIR", help="write --dump-after dumps as files in DIR instead of stderr")
     p.add_argument("--no-verify", dest="verify", action="store_false", help="skip the verifier between passes")
     p.add_argument("--timing", action="store_true", help="print how long capture and each pass took")
+    p.add_argument("--ledger", metavar="RUN.jsonl",
+                   help="a training run's prediction ledger: its observed task durations and pair costs replace the "
+                        "estimates (measured-durations first, measured-pairs after profile), and --report shows it")
     _hardware_flag(p, "h100", "target hardware the plan is for (default h100; cpu: this machine, calibrated once)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     group = p.add_argument_group("parallel settings (override PARALLEL in model.py and the workload defaults)")
@@ -150,6 +153,8 @@ def _compile(args: argparse.Namespace) -> int:
         )
     pipeline = DEFAULT_PIPELINE if args.passes is None else ("" if args.passes == "none" else args.passes)
     passes = parse_pipeline(pipeline) if pipeline.strip() else []  # a bad pipeline fails before the capture
+    if args.ledger:
+        passes = _with_ledger(passes, args.ledger)
     dump = _dump_callback(args.dump_after, args.dump_dir)
     parallel = {flag.lstrip("-").replace("-", "_"): getattr(args, flag.lstrip("-").replace("-", "_")) for flag, _, _ in PARALLEL_FLAGS}
     resolve_hardware(args.hardware)  # so does a bad --hardware; cpu is calibrated here if it never was
@@ -178,7 +183,7 @@ def _compile(args: argparse.Namespace) -> int:
     if args.report:
         from tessera.report import render_report
 
-        report_text = render_report(module)
+        report_text = render_report(module, ledger=args.ledger)
     from tessera.io import write_atomic
 
     for path, text in outputs:
@@ -188,6 +193,20 @@ def _compile(args: argparse.Namespace) -> int:
     if args.timing:
         _print_timing(manager.timings, [("capture", capture_s), ("verify input", verify_s)])
     return 0
+
+
+def _with_ledger(passes: list[ModulePass], ledger: str) -> list[ModulePass]:
+    """``passes`` with a run's ledger folded in: measured task durations first, measured pairs after profile."""
+    from passes.costs.ledger_file import read_observations
+
+    read_observations(ledger, None)  # an unreadable ledger fails before the capture
+    durations, pairs = get_pass_class("measured-durations"), get_pass_class("measured-pairs")
+    out: list[ModulePass] = [durations(ledger=ledger)]  # type: ignore[call-arg]
+    for p in passes:
+        out.append(p)
+        if p.name == "profile":
+            out.append(pairs(ledger=ledger))  # type: ignore[call-arg]
+    return out
 
 
 def compile_main(argv: Sequence[str] | None = None) -> int:

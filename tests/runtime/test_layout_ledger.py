@@ -122,7 +122,7 @@ def test_ledger_rows_errors_and_replanning(tmp_path):
     first = ledger.record(0, result_with(records(1.0)))
     assert first.mean_abs_error == pytest.approx(0.0, abs=1e-9) and not first.replan
     kinds = {row["kind"] for row in ledger.rows}
-    assert kinds == {"collective", "stage", "pair", "summary"}
+    assert kinds == {"task", "collective", "stage", "pair", "summary"}
     pair = next(row for row in ledger.rows if row["kind"] == "pair")
     assert pair["fwd_layers"] == ["embed", "l0", "l1"] and pair["predicted_us"] == pytest.approx(80.0)
     assert ledger.record(1, result_with(records(3.0))).replan is False  # above the threshold once
