@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, fields
 from tessera_ir.errors import TesseraError
 from tessera_ir.kinds import DTYPE_BYTES
 from tessera_ir.model import Attrs
+from tessera_ir.printer import spell_value
 
 
 class ParallelConfigError(TesseraError):
@@ -32,12 +33,14 @@ class ParallelConfig:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name == "dtype":
-                if value not in DTYPE_BYTES:
+                if not isinstance(value, str) or value not in DTYPE_BYTES:
                     raise ParallelConfigError(
-                        f"unknown dtype '{value}'; use one of {', '.join(sorted(DTYPE_BYTES))}"
+                        f"unknown dtype {spell_value(value)}; use one of {', '.join(sorted(DTYPE_BYTES))}"
                     )
             elif not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ParallelConfigError(f"--{f.name.replace('_', '-')} must be a positive integer, got {value!r}")
+                raise ParallelConfigError(
+                    f"--{f.name.replace('_', '-')} must be a positive integer, got {spell_value(value)}"
+                )
         if self.vpp > 1 and self.microbatches % self.pp != 0:
             raise ParallelConfigError(
                 f"interleaved 1F1B needs the micro-batch count ({self.microbatches}) to be a multiple of "
