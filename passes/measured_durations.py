@@ -31,13 +31,14 @@ class MeasuredDurationsPass(ModulePass):
     name = "measured-durations"
     summary = "Take the task durations a training run observed (its prediction ledger) as the tasks' isolated durations."
 
-    ledger: str = option("", "the run's prediction ledger (JSON lines, runtime.ledger)")
+    ledger: str | None = option(None, "the run's prediction ledger (JSON lines, runtime.ledger)")
 
     def check(self) -> None:
         if not self.ledger:
             raise PassError("measured-durations needs ledger=PATH (the JSON lines a training run wrote with --ledger)")
 
     def apply(self, module: Module) -> bool:
+        assert self.ledger is not None  # check() refused a missing ledger
         obs = read_observations(self.ledger, module.attrs.get("hardware"), module_settings(module))  # type: ignore[arg-type]
         applied = 0
         for layer in module.layers:

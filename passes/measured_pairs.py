@@ -27,13 +27,14 @@ class MeasuredPairsPass(ModulePass):
     name = "measured-pairs"
     summary = "Re-price the forward/backward pairs a training run measured (its prediction ledger) with their observed cost."
 
-    ledger: str = option("", "the run's prediction ledger (JSON lines, runtime.ledger)")
+    ledger: str | None = option(None, "the run's prediction ledger (JSON lines, runtime.ledger)")
 
     def check(self) -> None:
         if not self.ledger:
             raise PassError("measured-pairs needs ledger=PATH (the JSON lines a training run wrote with --ledger)")
 
     def apply(self, module: Module) -> bool:
+        assert self.ledger is not None  # check() refused a missing ledger
         obs = read_observations(self.ledger, module.attrs.get("hardware"), module_settings(module))  # type: ignore[arg-type]
         repriced = 0
         for pair in PlanView(module).pairs:

@@ -5,16 +5,20 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from passes.costs.hardware import CPU, DEFAULT_HARDWARE, Hardware, allow_hardware_file, is_shipped_name, load_hardware
 from passes.manager import ModulePass, PassManager, parse_pipeline
 from tessera.io import read_text, write_atomic
 from tessera_ir import Module, print_module
 
+if TYPE_CHECKING:
+    from passes.simulation.capacity import CapacityReport
+    from passes.simulation.routing import RoutingKind
+
 # The planning pipeline `tessera-compile` runs after capture, in the order of
-# DESIGN.md (dbo-slots and pipeline come later).
-DEFAULT_PIPELINE = "candidates,overlap-schedule,profile,partition"
+# DESIGN.md (the per-rank programs come later).
+DEFAULT_PIPELINE = "candidates,overlap-schedule,profile,partition,dbo-slots"
 
 
 def capture(source: Any, layer_kinds: Any = None, **parallel: Any) -> Module:
@@ -96,3 +100,19 @@ def report(module: Module) -> str:
     from tessera.report import render_report
 
     return render_report(module)
+
+
+def capacity(
+    module: Module, routing: RoutingKind = "balanced", iterations: int = 10, dp: int | None = None, **routing_options: Any
+) -> CapacityReport:
+    """Simulate a planned module's training iterations, with and without the DBO.
+
+    Returns a :class:`passes.simulation.capacity.CapacityReport` (``.render()`` for text,
+    ``.to_json()``); ``routing`` is balanced, zipf, drift or trace, ``routing_options`` the
+    :class:`passes.simulation.routing.RoutingSpec` fields (``zipf_s``, ``drift``, ``trace``, ``seed``).
+    """
+    from passes.plan_view import PlanView
+    from passes.simulation.capacity import plan_capacity
+    from passes.simulation.routing import RoutingSpec
+
+    return plan_capacity(PlanView(module), RoutingSpec(routing, **routing_options), iterations=iterations, dp=dp).report

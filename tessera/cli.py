@@ -14,8 +14,10 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from passes.manager import PASS_REGISTRY, ModulePass, PassManager, get_pass_class
+from passes.simulation.routing import DEFAULT_ZIPF_S, ROUTING_KINDS, RoutingSpec
 from tessera.driver import EXIT_USER_ERROR, Run, run_tool, tool_parser
 from tessera_ir.errors import TesseraError
 from tessera_ir.model import Module
@@ -121,7 +123,58 @@ def _compile_parser() -> argparse.ArgumentParser:
     group = p.add_argument_group("parallel settings (override PARALLEL in model.py and the workload defaults)")
     for flag, typ, help_text in PARALLEL_FLAGS:
         group.add_argument(flag, type=typ, default=None, help=help_text)
+    cap = p.add_argument_group(
+        "capacity report (simulated training iterations of the plan, static and with the DBO; printed after "
+        "planning unless the IR goes to stdout)"
+    )
+    cap.add_argument("--report-json", metavar="PATH", help="write the capacity report as JSON")
+    cap.add_argument("--trace", metavar="PATH", help="write the first simulated iteration (with DBO) as a Perfetto/Chrome trace")
+    cap.add_argument("--timeline", metavar="PATH", help="write the first simulated iteration (with DBO) as a PNG timeline")
+    cap.add_argument("--iterations", type=int, default=10, help="iterations to simulate (default 10)")
+    cap.add_argument("--routing", choices=list(ROUTING_KINDS), default="balanced",
+                     help="expert routing: balanced, zipf (skewed), drift (skew wandering over iterations), trace (a file)")
+    cap.add_argument("--zipf-s", type=float, default=DEFAULT_ZIPF_S, help=f"zipf/drift popularity exponent (default {DEFAULT_ZIPF_S})")
+    cap.add_argument("--drift", type=float, default=0.05, help="drift: per-iteration step of log-popularity (default 0.05)")
+    cap.add_argument("--routing-trace", metavar="PATH", help="trace routing: JSON of per-iteration, per-layer expert counts")
+    cap.add_argument("--routing-seed", type=int, default=0, help="seed of the routing draws (default 0)")
+    cap.add_argument("--dp", type=int, default=None,
+                     help="data-parallel replicas, recorded on the module (gradient reduction, optimizer sharding, tokens/s; default 1)")
+    cap.add_argument("--no-capacity", action="store_true", help="do not simulate the plan")
     return p
+
+
+def _routing_spec(args: argparse.Namespace) -> RoutingSpec:
+    if args.iterations < 1:
+        raise TesseraError(f"--iterations must be at least 1, got {args.iterations}")
+    if args.dp is not None and args.dp < 1:
+        raise TesseraError(f"--dp must be a positive integer, got {args.dp}")
+    if args.routing_trace and not Path(args.routing_trace).is_file():
+        raise TesseraError(f"--routing-trace {args.routing_trace}: no such file (a JSON of per-iteration, per-layer expert counts)")
+    return RoutingSpec(args.routing, seed=args.routing_seed, zipf_s=args.zipf_s, drift=args.drift, trace=args.routing_trace)
+
+
+def _capacity(args: argparse.Namespace, run: Run, module: Module, spec: RoutingSpec, files: dict[str, str]) -> str | None:
+    """Simulate the plan; give ``run`` the capacity report's files and return its text (None: not printed)."""
+    planned = bool(module.plan_ops("partition"))
+    if not planned:
+        if files:
+            raise TesseraError(f"{next(iter(files))} needs a planned module; run the planning pipeline (it ends with partition)")
+        return None
+    if args.no_capacity or (args.output == "-" and not files and not args.report):
+        return None
+    from passes.plan_view import PlanView
+    from passes.simulation.capacity import plan_capacity
+    from passes.simulation.trace import timeline_png, trace_json
+
+    result = plan_capacity(PlanView(module), spec, iterations=args.iterations, record=bool(args.trace or args.timeline))
+    title = f"{result.report.title} — {spec.describe()}, with DBO"
+    if "--report-json" in files:
+        run.add(files["--report-json"], result.report.to_json())
+    if "--trace" in files:
+        run.add(files["--trace"], trace_json(result.dynamic_first, title))
+    if "--timeline" in files:
+        run.add(files["--timeline"], timeline_png(result.dynamic_first, title))
+    return None if args.output == "-" else result.report.render()
 
 
 def _compile(args: argparse.Namespace, run: Run) -> int:
@@ -131,15 +184,25 @@ def _compile(args: argparse.Namespace, run: Run) -> int:
     from tessera_ir.summary import summarize
     from tessera_ir.verifier import verify
 
-    if not (args.output or args.summary_json or args.partition_json or args.report):
-        raise TesseraError("nothing to do: give -o FILE, --summary-json FILE, --partition-json FILE or --report")
+    if not (args.output or args.summary_json or args.partition_json or args.report or args.report_json or args.trace
+            or args.timeline):
+        raise TesseraError(
+            "nothing to do: give -o FILE, --summary-json FILE, --partition-json FILE, --report, --report-json FILE, "
+            "--trace FILE or --timeline FILE"
+        )
     output = _ir_output(run, args.output)
     summary = run.output_file(args.summary_json, "--summary-json") if args.summary_json else None
     partition = run.output_file(args.partition_json, "--partition-json") if args.partition_json else None
+    capacity_files = {
+        flag: run.output_file(path, flag)
+        for flag, path in (("--report-json", args.report_json), ("--trace", args.trace), ("--timeline", args.timeline))
+        if path
+    }
     pipeline = DEFAULT_PIPELINE if args.passes is None else ("" if args.passes == "none" else args.passes)
     passes = parse_pipeline(pipeline) if pipeline.strip() else []  # a bad pipeline fails before the capture
     if args.ledger:
         passes = _with_ledger(passes, args.ledger)
+    routing = _routing_spec(args)  # so do bad simulation settings
     dump = _dump_callback(run, args.dump_after, args.dump_dir)
     parallel = {flag.lstrip("-").replace("-", "_"): getattr(args, flag.lstrip("-").replace("-", "_")) for flag, _, _ in PARALLEL_FLAGS}
     resolve_hardware(args.hardware)  # so does a bad --hardware; cpu is calibrated here if it never was
@@ -154,6 +217,8 @@ def _compile(args: argparse.Namespace, run: Run) -> int:
         else:
             warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
     module.attrs["hardware"] = args.hardware  # the target every pass, the report and viz read
+    if args.dp is not None:
+        module.attrs["dp"] = args.dp  # data-parallel replicas: the DBO's memory budget and the simulated iterations read it
     capture_s = time.perf_counter() - start
     start = time.perf_counter()
     if args.verify:
@@ -175,9 +240,11 @@ def _compile(args: argparse.Namespace, run: Run) -> int:
         from tessera.report import render_report
 
         report_text = render_report(module, ledger=args.ledger)
+    capacity_text = _capacity(args, run, module, routing, capacity_files)
     run.commit()
-    if report_text is not None:
-        print(report_text)
+    printed = [text for text in (report_text, capacity_text) if text is not None]
+    if printed:
+        print("\n\n".join(printed))
     if args.timing:
         _print_timing(manager.timings, [("capture", capture_s), ("verify input", verify_s)])
     return 0

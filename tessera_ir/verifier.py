@@ -754,3 +754,8 @@ def _check_schedule(
                     f"a stream runs one task at a time; {fix}",
                     at(b.task.name),
                 )
+
+
+
+# Checks of plan ops that later passes add live in their own modules and register themselves here.
+from tessera_ir import dbo_checks  # noqa: E402, F401

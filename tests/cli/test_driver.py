@@ -40,7 +40,8 @@ def test_a_long_message_is_cut_in_the_middle(capsys: pytest.CaptureFixture[str])
 
 def test_a_bug_is_an_internal_error_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     def body(args: argparse.Namespace, run: Run) -> int:
-        return {}["missing"]  # type: ignore[no-any-return]
+        empty: dict[str, int] = {}
+        return empty["missing"]
 
     assert run_body(body) == 2
     assert_one_clean_error(capsys.readouterr().err, "tessera-test: internal error: KeyError", "test_driver.py:", "--debug")

@@ -156,7 +156,8 @@ def valid_modules(draw: st.DrawFn, max_decoders: int = 4) -> Module:
         ]
         kind = draw(st.sampled_from(["candidate", "partition", "dbo_slots", "task", "layer"]))
         module.plan.append(PlanOp(kind, op_name, draw(attr_dicts(all_refs)), entries))
-    if module.layers and draw(st.booleans()):
+    add_pair = draw(st.booleans())
+    if module.layers and add_pair:
         # A pair and a valid schedule of it (the verifier checks schedules).
         fwd = draw(st.lists(st.sampled_from(module.layers), unique_by=lambda layer: layer.name, max_size=2))
         bwd = draw(st.lists(st.sampled_from(module.layers), unique_by=lambda layer: layer.name, max_size=2))
