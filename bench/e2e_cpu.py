@@ -88,9 +88,9 @@ class Baseline:
         stages_total = plan.pp * plan.vpp
         split = even_split(layers, stages_total)
         shape = (plan.micro_batch_size, plan.seq_len, binding.hidden)
-        vocab = int(binding.lm_head.weight.shape[0])
+        vocab = int(next(binding.lm_head.parameters()).shape[0])
         self.stage_modules: list[StageModule] = []
-        stages = []
+        stages: list[Any] = []  # PipelineStage; the schedule's parameter is typed with a private base class
         for s in range(pp_rank, stages_total, plan.pp):
             module = StageModule(binding, split[s], parallel.ep_group)
             self.stage_modules.append(module)
@@ -109,7 +109,7 @@ class Baseline:
         self.schedule = ScheduleInterleaved1F1B(stages, plan.microbatches, loss_fn=loss, scale_grads=False)
         self.has_first, self.has_last = 0 in range(pp_rank, stages_total, plan.pp), pp_rank == (stages_total - 1) % plan.pp
         params = {id(p): p for m in self.stage_modules for p in m.parameters()}
-        self.params = list(params.values())
+        self.params: list[torch.Tensor] = list(params.values())
         self.dense = [p for m in self.stage_modules for n, p in m.named_parameters() if ".experts." not in n]
         self.opt = optimizer(self.params)
 
@@ -162,17 +162,9 @@ def plan_for(args: argparse.Namespace) -> bytes:
     except ImportError:
         raise SystemExit("this checkout cannot compile plans to bytecode yet (no pipeline pass): give --plan plan.tsb") from None
     import tessera
-    from tessera.cli import _with_ledger
 
-    passes = None
-    if args.ledger:
-        from passes.manager import parse_pipeline
-        from tessera.api import DEFAULT_PIPELINE
-
-        passes = _with_ledger(parse_pipeline(DEFAULT_PIPELINE), args.ledger)
-    module = tessera.compile(str(ROOT / "examples" / "tiny_qwen3_next.py"), hardware=args.hardware,
-                             microbatches=args.microbatches, seq_len=args.seq_len,
-                             **({"pipeline": passes} if passes is not None else {}))
+    module = tessera.compile(str(ROOT / "examples" / "tiny_qwen3_next.py"), hardware=args.hardware, ledger=args.ledger,
+                             microbatches=args.microbatches, seq_len=args.seq_len)
     return emit(module)  # type: ignore[no-any-return]
 
 

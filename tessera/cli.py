@@ -180,7 +180,7 @@ def _capacity(args: argparse.Namespace, run: Run, module: Module, spec: RoutingS
 def _compile(args: argparse.Namespace, run: Run) -> int:
     from frontend.errors import CaptureWarning
     from passes.manager import parse_pipeline
-    from tessera.api import DEFAULT_PIPELINE, capture, resolve_hardware, run_passes
+    from tessera.api import DEFAULT_PIPELINE, capture, resolve_hardware, run_passes, with_ledger
     from tessera_ir.summary import summarize
     from tessera_ir.verifier import verify
 
@@ -201,7 +201,7 @@ def _compile(args: argparse.Namespace, run: Run) -> int:
     pipeline = DEFAULT_PIPELINE if args.passes is None else ("" if args.passes == "none" else args.passes)
     passes = parse_pipeline(pipeline) if pipeline.strip() else []  # a bad pipeline fails before the capture
     if args.ledger:
-        passes = _with_ledger(passes, args.ledger)
+        passes = with_ledger(passes, args.ledger)
     routing = _routing_spec(args)  # so do bad simulation settings
     dump = _dump_callback(run, args.dump_after, args.dump_dir)
     parallel = {flag.lstrip("-").replace("-", "_"): getattr(args, flag.lstrip("-").replace("-", "_")) for flag, _, _ in PARALLEL_FLAGS}
@@ -248,20 +248,6 @@ def _compile(args: argparse.Namespace, run: Run) -> int:
     if args.timing:
         _print_timing(manager.timings, [("capture", capture_s), ("verify input", verify_s)])
     return 0
-
-
-def _with_ledger(passes: list[ModulePass], ledger: str) -> list[ModulePass]:
-    """``passes`` with a run's ledger folded in: measured task durations first, measured pairs after profile."""
-    from passes.costs.ledger_file import read_observations
-
-    read_observations(ledger, None)  # an unreadable ledger fails before the capture
-    durations, pairs = get_pass_class("measured-durations"), get_pass_class("measured-pairs")
-    out: list[ModulePass] = [durations(ledger=ledger)]  # type: ignore[call-arg]
-    for p in passes:
-        out.append(p)
-        if p.name == "profile":
-            out.append(pairs(ledger=ledger))  # type: ignore[call-arg]
-    return out
 
 
 def compile_main(argv: Sequence[str] | None = None) -> int:
