@@ -164,7 +164,7 @@ def plan_and_signature(args: argparse.Namespace, rank: int) -> tuple[bytes, byte
 
 def compile_plan(args: argparse.Namespace) -> bytes:
     try:
-        from codegen.bytecode import plan_bytes  # type: ignore[import-untyped,import-not-found,unused-ignore]
+        from codegen.emit import plan_bytes  # type: ignore[import-untyped,import-not-found,unused-ignore]
     except ImportError:
         raise PlanError(
             "this checkout cannot compile plans to bytecode yet (no pipeline pass); give --plan plan.tsb", "unreadable"

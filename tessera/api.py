@@ -121,16 +121,23 @@ def report(module: Module) -> str:
 
 
 def capacity(
-    module: Module, routing: RoutingKind = "balanced", iterations: int = 10, dp: int | None = None, **routing_options: Any
+    module: Module, routing: RoutingKind = "balanced", iterations: int = 10, dp: int | None = None,
+    ledger: str | None = None, **routing_options: Any
 ) -> CapacityReport:
     """Simulate a planned module's training iterations, with and without the DBO.
 
     Returns a :class:`passes.simulation.capacity.CapacityReport` (``.render()`` for text,
     ``.to_json()``); ``routing`` is balanced, zipf, drift or trace, ``routing_options`` the
-    :class:`passes.simulation.routing.RoutingSpec` fields (``zipf_s``, ``drift``, ``trace``, ``seed``).
+    :class:`passes.simulation.routing.RoutingSpec` fields (``zipf_s``, ``drift``, ``trace``, ``seed``);
+    ``ledger``: a training run's prediction ledger, shown in the report (fold it into the plan
+    with ``compile(..., ledger=)``).
     """
+    from passes.costs.ledger_file import ledger_fold
     from passes.plan_view import PlanView
     from passes.simulation.capacity import plan_capacity
     from passes.simulation.routing import RoutingSpec
 
-    return plan_capacity(PlanView(module), RoutingSpec(routing, **routing_options), iterations=iterations, dp=dp).report
+    report = plan_capacity(PlanView(module), RoutingSpec(routing, **routing_options), iterations=iterations, dp=dp).report
+    if ledger is not None:
+        report.ledger = ledger_fold(module, ledger)
+    return report

@@ -115,7 +115,8 @@ def _compile_parser() -> argparse.ArgumentParser:
     p.add_argument("--timing", action="store_true", help="print how long capture and each pass took")
     p.add_argument("--ledger", metavar="RUN.jsonl",
                    help="a training run's prediction ledger: its observed task durations and pair costs replace the "
-                        "estimates (measured-durations first, measured-pairs after profile), and --report shows it")
+                        "estimates (measured-durations first, measured-pairs after profile), and the capacity report shows "
+                        "its error per kind and the pairs it re-priced")
     _hardware_flag(p, "h100", "target hardware the plan is for (default h100; cpu: this machine, calibrated once)")
     p.add_argument("--layer-kind", action="append", default=[], metavar="INDEX=KIND",
                    help="set the mixer kind of decoder layers, e.g. 3=linear_attention or 0-2,5=ssm (repeatable; "
@@ -167,6 +168,10 @@ def _capacity(args: argparse.Namespace, run: Run, module: Module, spec: RoutingS
     from passes.simulation.trace import timeline_png, trace_json
 
     result = plan_capacity(PlanView(module), spec, iterations=args.iterations, record=bool(args.trace or args.timeline))
+    if args.ledger:
+        from passes.costs.ledger_file import ledger_fold
+
+        result.report.ledger = ledger_fold(module, args.ledger)
     title = f"{result.report.title} — {spec.describe()}, with DBO"
     if "--report-json" in files:
         run.add(files["--report-json"], result.report.to_json())
@@ -239,7 +244,7 @@ def _compile(args: argparse.Namespace, run: Run) -> int:
     if args.report:
         from tessera.report import render_report
 
-        report_text = render_report(module, ledger=args.ledger)
+        report_text = render_report(module)
     capacity_text = _capacity(args, run, module, routing, capacity_files)
     run.commit()
     printed = [text for text in (report_text, capacity_text) if text is not None]

@@ -93,47 +93,12 @@ def _time_section(view: PlanView) -> str:
     return "\n".join([header, table, summary])
 
 
-def render_report(module: Module, ledger: str | None = None) -> str:
-    """The report of ``module`` for its target hardware (the module's ``hardware`` attribute).
-
-    ``ledger``: a training run's prediction ledger to fold in (predicted against observed).
-    """
+def render_report(module: Module) -> str:
+    """The report of ``module`` for its target hardware (the module's ``hardware`` attribute)."""
     view = PlanView(module)
     target = f"Target hardware: {view.hardware_name}" + (f" ({view.hardware.description})" if view.hardware.description else "")
     sections = [_model_section(module, view.parallel) + "\n" + target, _time_section(view), _plan_section(view)]
-    if ledger is not None:
-        sections.append(_ledger_section(module, view, ledger))
     return "\n\n".join(s for s in sections if s)
-
-
-def _ledger_section(module: Module, view: PlanView, path: str) -> str:
-    """Predicted against observed, from a run of an earlier plan: how far off the plan was, where, and what changed."""
-    from passes.costs.ledger_file import module_settings, read_observations
-
-    obs = read_observations(path, view.hardware_name, module_settings(module))
-    kinds = obs.summary["kinds"]
-    rows = [[kind, str(k["rows"]), f"{100 * k['mean_abs_error']:.1f}%", f"{100 * k['p95_abs_error']:.1f}%"]
-            for kind, k in kinds.items()]
-    lines = [
-        f"Prediction ledger ({path}: {obs.iterations} iterations on {obs.hardware}): observed against predicted",
-        _table(["rows of", "count", "mean |error|", "p95 |error|"], rows),
-    ]
-    pairs = sorted(obs.pair_us.items(), key=lambda kv: -kv[1])
-    if pairs:
-        pair_rows = [[f"{'+'.join(f)} / {'+'.join(b)}", f"{obs.pair_predicted_us[(f, b)] / 1e3:.3f}", f"{us / 1e3:.3f}",
-                      f"{us / obs.pair_predicted_us[(f, b)]:.2f}x" if obs.pair_predicted_us[(f, b)] > 0 else "-"]
-                     for (f, b), us in pairs]
-        lines += ["Pairs the run measured (forward chunk / backward chunk, ms per pair):",
-                  _table(["pair", "predicted", "observed", "ratio"], pair_rows)]
-    folded = []
-    if "ledger_tasks" in module.attrs:
-        folded.append(f"{module.attrs['ledger_tasks']} task durations taken from the run")
-    if "ledger_pairs" in module.attrs:
-        folded.append(f"{module.attrs['ledger_pairs']} pair(s) re-priced with their observed cost")
-    if folded:
-        lines.append("Folded into this plan: " + "; ".join(folded) + ".")
-    lines.append("Re-planning flagged by the run: " + ("yes (the error stayed above its threshold)" if obs.summary["replan"] else "no"))
-    return "\n".join(lines)
 
 
 def _exposed_comm(entries: list[tuple[float, float, str]]) -> tuple[float, float]:

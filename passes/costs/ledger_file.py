@@ -99,3 +99,65 @@ def module_settings(module: Any) -> dict[str, Any]:
         if name in attrs:
             out[name] = attrs[name]
     return out
+
+
+@dataclass(frozen=True)
+class LedgerFold:
+    """What a run's ledger says about the plan it was folded into: the capacity report's ledger section."""
+
+    path: str
+    hardware: str
+    iterations: int
+    kinds: dict[str, dict[str, float]]  # task / stage / pair / collective: rows, mean and p95 relative error
+    pairs: list[tuple[str, float, float]]  # (forward chunk / backward chunk, predicted µs, observed µs), costliest first
+    tasks_folded: int | None  # task durations taken from the run (measured-durations), None: not folded
+    pairs_repriced: int | None  # pairs re-priced with their observed cost (measured-pairs), None: not folded
+    replan: bool  # some rank's error stayed above its threshold for its window
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "hardware": self.hardware,
+            "iterations": self.iterations,
+            "error": {k: {"rows": int(v["rows"]), "mean": round(v["mean_abs_error"], 4), "p95": round(v["p95_abs_error"], 4)}
+                      for k, v in self.kinds.items()},
+            "pairs": [{"pair": name, "predicted_ms": round(pred / 1e3, 4), "observed_ms": round(obs / 1e3, 4)}
+                      for name, pred, obs in self.pairs],
+            "tasks_folded": self.tasks_folded,
+            "pairs_repriced": self.pairs_repriced,
+            "replan": self.replan,
+        }
+
+    def render(self) -> list[str]:
+        lines = [f"Prediction ledger ({self.path}: {self.iterations} iterations on {self.hardware}): observed against predicted"]
+        for kind, k in self.kinds.items():
+            lines.append(f"  {kind:<11} {int(k['rows']):6d} rows   mean |error| {100 * k['mean_abs_error']:6.1f}%   "
+                         f"p95 |error| {100 * k['p95_abs_error']:6.1f}%")
+        if self.pairs:
+            lines.append("  pairs the run measured (forward chunk / backward chunk): predicted -> observed ms")
+            for name, pred, obs in self.pairs:
+                ratio = f" ({obs / pred:.2f}x)" if pred > 0 else ""
+                lines.append(f"    {name}: {pred / 1e3:.3f} -> {obs / 1e3:.3f}{ratio}")
+        folded = []
+        if self.tasks_folded is not None:
+            folded.append(f"{self.tasks_folded} task durations taken from the run")
+        if self.pairs_repriced is not None:
+            folded.append(f"{self.pairs_repriced} pair(s) re-priced with their observed cost")
+        if folded:
+            lines.append("  folded into this plan: " + "; ".join(folded))
+        lines.append("  re-planning flagged by the run: " + ("yes (the error stayed above its threshold)" if self.replan else "no"))
+        return lines
+
+
+def ledger_fold(module: Any, path: str) -> LedgerFold:
+    """The ledger at ``path`` as the capacity report of ``module`` (a plan it was folded into) shows it."""
+    obs = read_observations(path, module.attrs.get("hardware"), module_settings(module))
+    pairs = sorted(obs.pair_us.items(), key=lambda kv: (-kv[1], kv[0]))
+    attrs = module.attrs
+    return LedgerFold(
+        path, obs.hardware, obs.iterations, obs.summary["kinds"],
+        [(f"{'+'.join(f)} / {'+'.join(b)}", obs.pair_predicted_us[(f, b)], us) for (f, b), us in pairs],
+        int(attrs["ledger_tasks"]) if "ledger_tasks" in attrs else None,
+        int(attrs["ledger_pairs"]) if "ledger_pairs" in attrs else None,
+        bool(obs.summary["replan"]),
+    )
