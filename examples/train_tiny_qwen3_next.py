@@ -178,7 +178,9 @@ def compile_plan(args: argparse.Namespace) -> bytes:
 
 def train_distributed(args: argparse.Namespace) -> int:
     deterministic_cpu_mode()
-    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    # Long enough for rank 0 to compile the plan (calibrating this CPU on first use) while the others
+    # wait in the broadcast; a rank that dies is reported by the health watch, not by this timeout.
+    dist.init_process_group("gloo", timeout=timedelta(seconds=600))
     rank = dist.get_rank()
     session: TrainingSession | None = None
     try:
