@@ -101,6 +101,7 @@ PASS_REGISTRY: dict[str, str] = {
     "dbo-slots": "passes.dbo_slots:DboSlotsPass",
     "measured-durations": "passes.measured_durations:MeasuredDurationsPass",
     "measured-pairs": "passes.measured_pairs:MeasuredPairsPass",
+    "pipeline": "passes.pipeline:PipelinePass",
 }
 
 

@@ -35,15 +35,17 @@ PARALLEL_FLAGS = [
 ]
 
 
-def _ir_output(run: Run, path: str | None, flag: str = "-o") -> str | None:
-    """Declare an output file for textual IR; bytecode does not exist yet."""
+def _plan_output(run: Run, path: str | None, emit: str = "ir", flag: str = "-o") -> str | None:
+    """Declare the output file of the plan: textual IR, or with ``emit="tsb"`` its bytecode."""
     if path is None:
         return None
-    if path.endswith(".tsb"):
+    if emit == "ir" and path.endswith(".tsb"):
         raise TesseraError(
-            f"{flag} {path}: this version writes textual IR only; bytecode (.tsb) comes with the runtime; "
-            "write the plan as .tir"
+            f"{flag} {path}: this writes textual IR only; bytecode comes from tessera-compile -o plan.tsb "
+            "(or --emit tsb); name the output .tir"
         )
+    if emit == "tsb" and path == "-" and sys.stdout.isatty():
+        raise TesseraError("refusing to write bytecode to a terminal; give -o plan.tsb")
     return run.output_file(path, flag)
 
 
@@ -103,7 +105,9 @@ def _compile_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("source", help="model.py with build_model(), hf:<model_type>, or a path to an HF config.json")
     p.add_argument("-o", "--output", help="output file ('-' for stdout)")
-    p.add_argument("--emit", choices=["ir"], default="ir", help="what to write to -o: ir (textual Tessera IR)")
+    p.add_argument("--emit", choices=["ir", "tsb"], default=None,
+                   help="what to write to -o: ir (textual Tessera IR) or tsb (the plan's bytecode, for the runtime); "
+                   "default: tsb when -o ends in .tsb, else ir")
     p.add_argument("--summary-json", metavar="PATH", help="write the per-layer summary as JSON")
     p.add_argument("--partition-json", metavar="PATH", help="write the chosen partition as JSON (needs the partition pass)")
     p.add_argument("--report", action="store_true", help="print the report of where the time goes")
@@ -195,7 +199,8 @@ def _compile(args: argparse.Namespace, run: Run) -> int:
             "nothing to do: give -o FILE, --summary-json FILE, --partition-json FILE, --report, --report-json FILE, "
             "--trace FILE or --timeline FILE"
         )
-    output = _ir_output(run, args.output)
+    emit = args.emit or ("tsb" if args.output and args.output.endswith(".tsb") else "ir")
+    output = _plan_output(run, args.output, emit)
     summary = run.output_file(args.summary_json, "--summary-json") if args.summary_json else None
     partition = run.output_file(args.partition_json, "--partition-json") if args.partition_json else None
     capacity_files = {
@@ -232,7 +237,11 @@ def _compile(args: argparse.Namespace, run: Run) -> int:
     manager = run_passes(module, passes, verify=args.verify, dump_after=dump)
 
     # Render everything before writing anything, so a failure leaves no output at all.
-    if output:
+    if output and emit == "tsb":
+        from codegen.emit import plan_bytes
+
+        run.add(output, plan_bytes(module))
+    elif output:
         run.add(output, print_module(module))
     if summary:
         run.add(summary, json.dumps(summarize(module), indent=2) + "\n")
@@ -297,7 +306,7 @@ def _opt(args: argparse.Namespace, run: Run) -> int:
         _list_passes()
         return 0
     passes = parse_pipeline(args.passes) if args.passes.strip() else []  # bad pipelines fail before reading input
-    output = _ir_output(run, args.output)
+    output = _plan_output(run, args.output)
     assert output is not None
     dump = _dump_callback(run, args.dump_after, args.dump_dir)
     if args.hardware is not None:
