@@ -157,15 +157,12 @@ def gather_losses(losses: list[torch.Tensor], group: Any, in_group: bool, shards
 def plan_for(args: argparse.Namespace) -> bytes:
     if args.plan:
         return plan_bytes(args.plan)
-    try:
-        from codegen.emit import plan_bytes as emit  # type: ignore[import-not-found,import-untyped,unused-ignore]
-    except ImportError:
-        raise SystemExit("this checkout cannot compile plans to bytecode yet (no pipeline pass): give --plan plan.tsb") from None
     import tessera
+    from codegen.emit import plan_bytes as emit
 
     module = tessera.compile(str(ROOT / "examples" / "tiny_qwen3_next.py"), hardware=args.hardware, ledger=args.ledger,
                              microbatches=args.microbatches, seq_len=args.seq_len)
-    return emit(module)  # type: ignore[no-any-return]
+    return emit(module)
 
 
 def main() -> int:

@@ -163,17 +163,13 @@ def plan_and_signature(args: argparse.Namespace, rank: int) -> tuple[bytes, byte
 
 
 def compile_plan(args: argparse.Namespace) -> bytes:
-    try:
-        from codegen.emit import plan_bytes  # type: ignore[import-untyped,import-not-found,unused-ignore]
-    except ImportError:
-        raise PlanError(
-            "this checkout cannot compile plans to bytecode yet (no pipeline pass); give --plan plan.tsb", "unreadable"
-        ) from None
+    """The tiny model's plan for this CPU (calibrated on first use), as bytecode."""
     import tessera
+    from codegen.emit import plan_bytes
 
     module = tessera.compile(str(Path(__file__).with_name("tiny_qwen3_next.py")), hardware="cpu",
                              microbatches=args.microbatches, seq_len=args.seq_len)
-    return plan_bytes(module)  # type: ignore[no-any-return]
+    return plan_bytes(module)
 
 
 def train_distributed(args: argparse.Namespace) -> int:

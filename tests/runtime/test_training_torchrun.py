@@ -1,5 +1,8 @@
 """Training under a plan with torchrun (PP=2 x EP=2, four gloo processes) against the one-process reference.
 
+The plan is the tiny model's, compiled by the planning pipeline down to per-rank programs (the
+pipeline pass) and written as bytecode, as `tessera-compile -o plan.tsb` writes it.
+
 Deterministic CPU mode (runtime.local_reference): float32, deterministic algorithms, one intra-op thread
 per process. Every case runs examples/train_tiny_qwen3_next.py, which dumps each step's losses and
 reduced gradients; the comparisons are on the bits.
@@ -16,7 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tiny_plan import tiny_plan_bytes
+from codegen.emit import plan_bytes
+from tessera.api import compile
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +67,9 @@ def compare_dumps(run: Path, ref: Path, steps: int) -> int:
 @pytest.fixture(scope="module")
 def plan(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("plan") / "tiny.tsb"
-    path.write_bytes(tiny_plan_bytes(pp=2, vpp=2, ep=2, microbatches=4, seq_len=SEQ, dbo=True, defer=True))
+    module = compile(str(ROOT / "examples" / "tiny_qwen3_next.py"), hardware="h100", pp=2, vpp=2, ep=2, microbatches=4,
+                     seq_len=SEQ)
+    path.write_bytes(plan_bytes(module))
     return path
 
 
