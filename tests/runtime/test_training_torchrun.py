@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from codegen.emit import plan_bytes
+from runtime.ledger import read_ledger
 from tessera.api import compile
 
 pytestmark = pytest.mark.slow
@@ -82,11 +83,21 @@ def reference(tmp_path_factory) -> tuple[Path, str]:
 
 def test_losses_and_gradients_are_bitwise_those_of_one_process(plan, reference, tmp_path):
     ref_dir, ref_out = reference
-    out = ok(launch(["--plan", str(plan), "--steps", str(STEPS), "--seq-len", str(SEQ), "--dump", str(tmp_path)]))
+    ledger = tmp_path / "run.jsonl"
+    out = ok(launch(["--plan", str(plan), "--steps", str(STEPS), "--seq-len", str(SEQ), "--dump", str(tmp_path),
+                     "--ledger", str(ledger)]))
     assert STEP_LINE.findall(out) == STEP_LINE.findall(ref_out) and len(STEP_LINE.findall(out)) == STEPS
     # every parameter of the model is trained by some rank and compared
     assert compare_dumps(tmp_path, ref_dir, STEPS) == STEPS * 2 * len(torch.load(ref_dir / "grads0_shard0.pt"))
     assert '"deferred": ' in out and '"deferred": 0,' not in out  # DBO held weight gradients back
+    # The run's ledger re-plans the model: every task it ran is re-timed, the pairs it measured re-priced.
+    rows = read_ledger(ledger)
+    assert {r["kind"] for r in rows} == {"task", "collective", "stage", "pair", "summary"}
+    assert {r["rank"] for r in rows} == set(range(4))
+    replanned = compile(str(ROOT / "examples" / "tiny_qwen3_next.py"), hardware="h100", pp=2, vpp=2, ep=2,
+                        microbatches=4, seq_len=SEQ, ledger=str(ledger))
+    ran = {r["name"] for r in rows if r["kind"] == "task"}
+    assert replanned.attrs["ledger_tasks"] == len(ran) > 0 and replanned.attrs["ledger_pairs"] > 0
 
 
 def test_dbo_under_skewed_routing_runs_every_weight_gradient_once(plan, tmp_path):
