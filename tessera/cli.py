@@ -49,6 +49,15 @@ def _plan_output(run: Run, path: str | None, emit: str = "ir", flag: str = "-o")
     return run.output_file(path, flag)
 
 
+def _render_plan(module: Module, emit: str) -> str | bytes:
+    """The module as textual IR, or (``emit="tsb"``) its per-rank programs as bytecode."""
+    if emit == "tsb":
+        from codegen.emit import plan_bytes
+
+        return plan_bytes(module)
+    return print_module(module)
+
+
 def _dump_callback(run: Run, spec: str | None, dump_dir: str | None) -> Callable[[ModulePass, Module], None] | None:
     """``--dump-after=all`` or a comma list of pass names: print the IR after those passes."""
     if not spec:
@@ -237,12 +246,8 @@ def _compile(args: argparse.Namespace, run: Run) -> int:
     manager = run_passes(module, passes, verify=args.verify, dump_after=dump)
 
     # Render everything before writing anything, so a failure leaves no output at all.
-    if output and emit == "tsb":
-        from codegen.emit import plan_bytes
-
-        run.add(output, plan_bytes(module))
-    elif output:
-        run.add(output, print_module(module))
+    if output:
+        run.add(output, _render_plan(module, emit))
     if summary:
         run.add(summary, json.dumps(summarize(module), indent=2) + "\n")
     if partition:
@@ -275,7 +280,8 @@ def _opt_parser() -> argparse.ArgumentParser:
     p = tool_parser("tessera-opt", "Run passes on textual Tessera IR and print the result.")
     p.add_argument("input", nargs="?", default="-", help="input .tir file ('-' or nothing for stdin)")
     p.add_argument("--passes", default="", help="comma-separated pass pipeline, e.g. 'verify' or 'a,b{opt=v}'")
-    p.add_argument("-o", "--output", default="-", help="output file (default: stdout)")
+    p.add_argument("-o", "--output", default="-",
+                   help="output file (default: stdout); a .tsb file gets the per-rank programs as bytecode")
     p.add_argument("--dump-after", metavar="PASSES", help="print the IR after these passes ('all' or a comma list)")
     p.add_argument("--dump-dir", metavar="DIR", help="write --dump-after dumps as files in DIR instead of stderr")
     p.add_argument("--no-verify", dest="verify", action="store_false", help="skip verifying input and pass results")
@@ -306,7 +312,10 @@ def _opt(args: argparse.Namespace, run: Run) -> int:
         _list_passes()
         return 0
     passes = parse_pipeline(args.passes) if args.passes.strip() else []  # bad pipelines fail before reading input
-    output = _plan_output(run, args.output)
+    emit = "tsb" if args.output.endswith(".tsb") else "ir"
+    if emit == "tsb" and args.split_input_file:
+        raise TesseraError(f"-o {args.output}: --split-input-file writes textual IR only; name the output .tir")
+    output = _plan_output(run, args.output, emit)
     assert output is not None
     dump = _dump_callback(run, args.dump_after, args.dump_dir)
     if args.hardware is not None:
@@ -314,21 +323,21 @@ def _opt(args: argparse.Namespace, run: Run) -> int:
 
         resolve_hardware(args.hardware)
 
-    def run_on(module: Module) -> tuple[str, PassManager]:
+    def run_on(module: Module) -> PassManager:
         if args.hardware is not None:
             module.attrs["hardware"] = args.hardware
         if args.verify:
             verify(module)
         manager = PassManager(list(passes), verify_each=args.verify, dump_after=dump)
         manager.run(module)
-        return print_module(module), manager
+        return manager
 
     if not args.split_input_file:
         start = time.perf_counter()
         module = run.parse_ir(args.input)
         parse_s = time.perf_counter() - start
-        printed, manager = run_on(module)
-        run.add(output, printed)
+        manager = run_on(module)
+        run.add(output, _render_plan(module, emit))
         run.commit()
         if args.timing:
             _print_timing(manager.timings, [("read and parse", parse_s)])
@@ -344,7 +353,9 @@ def _opt(args: argparse.Namespace, run: Run) -> int:
             sys.stdout.write(SPLIT_MARKER + "\n")
             sys.stdout.flush()
         try:
-            printed = run_on(parse_module(part, source=source))[0]
+            part_module = parse_module(part, source=source)
+            run_on(part_module)
+            printed = print_module(part_module)
         except TesseraError as err:
             if args.debug:
                 raise

@@ -12,10 +12,12 @@ from codegen.emit import plan_bytes
 from codegen.signature import cost_source, plan_signature
 from runtime.bytecode import decode
 from tessera.api import load_ir
-from tessera.cli import compile_main
+from tessera.cli import compile_main, opt_main
+from tessera_ir import print_module
 from tessera_ir.model import Module
 
 from cluster_run import run_cluster
+from compiled_plans import compiled_plan, planned_module
 
 TINY = str(Path(__file__).resolve().parents[2] / "examples" / "tiny_qwen3_next.py")
 
@@ -51,6 +53,16 @@ def test_a_compile_that_fails_writes_no_plan(tmp_path: Path, capsys: pytest.Capt
     assert len(lines) == 1 and "Traceback" not in err
     assert "holds no per-rank programs; run the pipeline pass" in lines[0]
     assert not tsb.exists() and not list(tmp_path.iterdir())
+
+
+def test_opt_writes_the_bytecode_of_a_planned_module(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    planned = planned_module(2, 2, 4, dbo=True)
+    del planned.plan[next(k for k, op in enumerate(planned.plan) if op.op == "pipeline"):]  # drop pipeline and programs
+    tir, tsb = tmp_path / "planned.tir", tmp_path / "plan.tsb"
+    tir.write_text(print_module(planned))
+    assert opt_main([str(tir), "--passes", "pipeline", "-o", str(tsb)]) == 0
+    assert capsys.readouterr().err == ""
+    assert tsb.read_bytes() == compiled_plan(2, 2, 4, dbo=True)
 
 
 def test_the_cost_source_is_the_hardware_the_profile_priced_on() -> None:
