@@ -140,7 +140,7 @@ class _FailingFSM:
         return getattr(self._fsm, name)
 
 
-def plan_and_signature(args: argparse.Namespace, rank: int) -> tuple[bytes, bytes]:
+def plan_and_signature(args: argparse.Namespace, rank: int, compiled: bytes | None) -> tuple[bytes, bytes]:
     """Rank 0 reads (or compiles) the plan and computes the signature of the model this job trains."""
     payload: list[Any] = [None]
     if rank == 0:
@@ -151,7 +151,8 @@ def plan_and_signature(args: argparse.Namespace, rank: int) -> tuple[bytes, byte
         if args.plan:
             data = Path(args.plan).read_bytes()
         else:
-            data = compile_plan(args)
+            assert compiled is not None
+            data = compiled
         info = decode(data, rank=0).plan
         module = capture(str(Path(__file__).with_name("tiny_qwen3_next.py")), microbatches=args.microbatches,
                          seq_len=args.seq_len, pp=info.pp, vpp=info.vpp, ep=info.ep)
@@ -174,13 +175,16 @@ def compile_plan(args: argparse.Namespace) -> bytes:
 
 def train_distributed(args: argparse.Namespace) -> int:
     deterministic_cpu_mode()
+    # Rank 0 compiles before joining the process group: the planner may start worker processes,
+    # and forking once gloo's threads run can hang the child.
+    compiled = compile_plan(args) if not args.plan and os.environ.get("RANK") == "0" else None
     # Long enough for rank 0 to compile the plan (calibrating this CPU on first use) while the others
     # wait in the broadcast; a rank that dies is reported by the health watch, not by this timeout.
     dist.init_process_group("gloo", timeout=timedelta(seconds=600))
     rank = dist.get_rank()
     session: TrainingSession | None = None
     try:
-        data, signature = plan_and_signature(args, rank)
+        data, signature = plan_and_signature(args, rank, compiled)
         steps_done = [0]
         fsm_factory = None
         if rank == args.fail_rank:
