@@ -33,6 +33,7 @@ signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # the health watch t
 import argparse  # noqa: E402
 import csv  # noqa: E402
 import json  # noqa: E402
+import os  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -179,11 +180,11 @@ def main() -> int:
     p.add_argument("--no-save", action="store_true", help="do not write bench/results")
     args = p.parse_args()
     deterministic_cpu_mode()
+    # Rank 0 compiles before joining the process group: the planner may start worker processes,
+    # and forking once gloo's threads run can hang the child.
+    payload: list[Any] = [plan_for(args) if os.environ.get("RANK") == "0" else None]
     dist.init_process_group("gloo", timeout=timedelta(seconds=300))
     rank = dist.get_rank()
-    payload: list[Any] = [None]
-    if rank == 0:
-        payload[0] = plan_for(args)
     dist.broadcast_object_list(payload, src=0)
     data: bytes = payload[0]
     info = runtime.load_plan(data, rank=0).plan
