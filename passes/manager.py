@@ -99,6 +99,8 @@ PASS_REGISTRY: dict[str, str] = {
     "profile": "passes.profile:ProfilePass",
     "partition": "passes.partition:PartitionPass",
     "dbo-slots": "passes.dbo_slots:DboSlotsPass",
+    "measured-durations": "passes.measured_durations:MeasuredDurationsPass",
+    "measured-pairs": "passes.measured_pairs:MeasuredPairsPass",
     "pipeline": "passes.pipeline:PipelinePass",
 }
 

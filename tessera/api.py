@@ -68,16 +68,19 @@ def run_passes(
 
 def compile(  # noqa: A001
     source: Any, pipeline: str | None = None, verify: bool = True, hardware: str = DEFAULT_HARDWARE,
-    layer_kinds: Any = None, **parallel: Any
+    layer_kinds: Any = None, ledger: str | None = None, **parallel: Any
 ) -> Module:
     """Capture ``source`` and plan it for ``hardware`` (``DEFAULT_PIPELINE`` unless given).
 
-    ``layer_kinds`` sets mixer kinds by layer, as in ``capture``.
+    ``layer_kinds`` sets mixer kinds by layer, as in ``capture``; ``ledger``: a training
+    run's prediction ledger whose measurements replace the estimates (``with_ledger``).
     """
     from tessera_ir.verifier import verify as verify_module
 
     text = DEFAULT_PIPELINE if pipeline is None else pipeline
     passes = parse_pipeline(text) if text.strip() else []  # a bad pipeline fails before the capture
+    if ledger is not None:
+        passes = with_ledger(passes, ledger)
     resolve_hardware(hardware)
     module = capture(source, layer_kinds=layer_kinds, **parallel)
     module.attrs["hardware"] = hardware
@@ -85,6 +88,21 @@ def compile(  # noqa: A001
         verify_module(module)
     run_passes(module, passes, verify=verify)
     return module
+
+
+def with_ledger(passes: list[ModulePass], ledger: str) -> list[ModulePass]:
+    """``passes`` with a run's ledger folded in: measured task durations first, measured pairs after profile."""
+    from passes.costs.ledger_file import read_observations
+    from passes.measured_durations import MeasuredDurationsPass
+    from passes.measured_pairs import MeasuredPairsPass
+
+    read_observations(ledger, None)  # an unreadable ledger fails before the capture
+    out: list[ModulePass] = [MeasuredDurationsPass(ledger=ledger)]
+    for p in passes:
+        out.append(p)
+        if p.name == "profile":
+            out.append(MeasuredPairsPass(ledger=ledger))
+    return out
 
 
 def load_ir(path: str | Path) -> Module:
@@ -111,16 +129,23 @@ def report(module: Module) -> str:
 
 
 def capacity(
-    module: Module, routing: RoutingKind = "balanced", iterations: int = 10, dp: int | None = None, **routing_options: Any
+    module: Module, routing: RoutingKind = "balanced", iterations: int = 10, dp: int | None = None,
+    ledger: str | None = None, **routing_options: Any
 ) -> CapacityReport:
     """Simulate a planned module's training iterations, with and without the DBO.
 
     Returns a :class:`passes.simulation.capacity.CapacityReport` (``.render()`` for text,
     ``.to_json()``); ``routing`` is balanced, zipf, drift or trace, ``routing_options`` the
-    :class:`passes.simulation.routing.RoutingSpec` fields (``zipf_s``, ``drift``, ``trace``, ``seed``).
+    :class:`passes.simulation.routing.RoutingSpec` fields (``zipf_s``, ``drift``, ``trace``, ``seed``);
+    ``ledger``: a training run's prediction ledger, shown in the report (fold it into the plan
+    with ``compile(..., ledger=)``).
     """
+    from passes.costs.ledger_file import ledger_fold
     from passes.plan_view import PlanView
     from passes.simulation.capacity import plan_capacity
     from passes.simulation.routing import RoutingSpec
 
-    return plan_capacity(PlanView(module), RoutingSpec(routing, **routing_options), iterations=iterations, dp=dp).report
+    report = plan_capacity(PlanView(module), RoutingSpec(routing, **routing_options), iterations=iterations, dp=dp).report
+    if ledger is not None:
+        report.ledger = ledger_fold(module, ledger)
+    return report

@@ -129,6 +129,10 @@ def _compile_parser() -> argparse.ArgumentParser:
     p.add_argument("--timing", action="store_true", help="print how long capture and each pass took")
     p.add_argument("--no-cache", dest="cache", action="store_false",
                    help="neither read nor write the schedule cache (passes' cache=false)")
+    p.add_argument("--ledger", metavar="RUN.jsonl",
+                   help="a training run's prediction ledger: its observed task durations and pair costs replace the "
+                        "estimates (measured-durations first, measured-pairs after profile), and the capacity report shows "
+                        "its error per kind and the pairs it re-priced")
     _hardware_flag(p, "h100", "target hardware the plan is for (default h100; cpu: this machine, calibrated once)")
     p.add_argument("--layer-kind", action="append", default=[], metavar="INDEX=KIND",
                    help="set the mixer kind of decoder layers, e.g. 3=linear_attention or 0-2,5=ssm (repeatable; "
@@ -180,6 +184,10 @@ def _capacity(args: argparse.Namespace, run: Run, module: Module, spec: RoutingS
     from passes.simulation.trace import timeline_png, trace_json
 
     result = plan_capacity(PlanView(module), spec, iterations=args.iterations, record=bool(args.trace or args.timeline))
+    if args.ledger:
+        from passes.costs.ledger_file import ledger_fold
+
+        result.report.ledger = ledger_fold(module, args.ledger)
     title = f"{result.report.title} — {spec.describe()}, with DBO"
     if "--report-json" in files:
         run.add(files["--report-json"], result.report.to_json())
@@ -193,7 +201,7 @@ def _capacity(args: argparse.Namespace, run: Run, module: Module, spec: RoutingS
 def _compile(args: argparse.Namespace, run: Run) -> int:
     from frontend.errors import CaptureWarning
     from passes.manager import parse_pipeline
-    from tessera.api import DEFAULT_PIPELINE, capture, resolve_hardware, run_passes
+    from tessera.api import DEFAULT_PIPELINE, capture, resolve_hardware, run_passes, with_ledger
     from tessera_ir.summary import summarize
     from tessera_ir.verifier import verify
 
@@ -216,6 +224,8 @@ def _compile(args: argparse.Namespace, run: Run) -> int:
     passes = parse_pipeline(pipeline) if pipeline.strip() else []  # a bad pipeline fails before the capture
     if not args.cache:
         passes = [without_cache(p) for p in passes]
+    if args.ledger:
+        passes = with_ledger(passes, args.ledger)
     routing = _routing_spec(args)  # so do bad simulation settings
     dump = _dump_callback(run, args.dump_after, args.dump_dir)
     parallel = {flag.lstrip("-").replace("-", "_"): getattr(args, flag.lstrip("-").replace("-", "_")) for flag, _, _ in PARALLEL_FLAGS}

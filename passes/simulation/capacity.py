@@ -34,6 +34,7 @@ from passes.simulation.routing import RoutingError, RoutingModel, RoutingSpec
 from runtime.dbo import DboCounters
 
 if TYPE_CHECKING:
+    from passes.costs.ledger_file import LedgerFold
     from passes.simulation.build import PlanReader
 
 GIB = 2**30
@@ -160,6 +161,7 @@ class CapacityReport:
     static: RunSummary
     dynamic: RunSummary | None
     notes: list[str] = field(default_factory=list)
+    ledger: LedgerFold | None = None  # a training run's ledger folded into the plan (tessera-compile --ledger)
 
     def as_dict(self) -> dict:
         out: dict = {
@@ -175,6 +177,8 @@ class CapacityReport:
             out["dbo_memory_added_gib"] = _r(self.memory_added_bytes / GIB)
         if self.notes:
             out["notes"] = list(self.notes)
+        if self.ledger is not None:
+            out["ledger"] = self.ledger.as_dict()
         return out
 
     def to_json(self) -> str:
@@ -229,6 +233,8 @@ class CapacityReport:
             ]
         for note in self.notes:
             lines.append(note)
+        if self.ledger is not None:
+            lines += ["", *self.ledger.render()]
         return "\n".join(lines)
 
 

@@ -1,0 +1,288 @@
+"""Training the tiny Qwen3-Next with PP=2 x EP=2 on this CPU: a Tessera plan against pipelining's ScheduleInterleaved1F1B.
+
+    torchrun --standalone --nproc-per-node 4 bench/e2e_cpu.py --plan plan.tsb [--steps 8 --warmup 2 --seq-len 64]
+
+Both run in the same four processes, on the same model (same seed), the same
+data, alternately step by step (so a change in the machine's load hits both):
+
+- baseline: ``torch.distributed.pipelining.ScheduleInterleaved1F1B`` over
+  ``runtime.stage_module.StageModule`` stages with the decoder layers split
+  evenly over the pp x vpp virtual stages (the embedding first, the head last),
+  All-to-All blocking inside each stage's forward and backward, the backward
+  one ``autograd.backward`` per stage; non-expert gradients summed over the EP
+  ranks after the step, as the plan's gradient reduction does;
+- Tessera: the plan (``--plan``, or compiled here for ``--hardware`` with
+  ``--ledger`` folded in when the compiler can write bytecode), run by the C++
+  FSM and the executor (``runtime.session``).
+
+Prints iterations/s of each (a step's time is the slowest rank's, between two
+barriers; median over the timed steps), their ratio (mark: Tessera >= 1.1x with
+identical losses), whether every step's losses agree bitwise, the runtime's own
+share of Tessera's iteration time (FSM and executor bookkeeping: wall time less
+compute and blocked waits), and the FSM's counters. One intra-op thread per
+process: four processes share the two cores. Results go to
+``bench/results/e2e_cpu.json`` and ``.csv``.
+"""
+
+from __future__ import annotations
+
+import signal  # noqa: I001
+
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # the health watch takes SIGTERM (runtime.health)
+
+import argparse  # noqa: E402
+import csv  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from datetime import timedelta  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "examples"))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from tiny_qwen3_next import NAME, TinyConfig, build_model  # noqa: E402
+from torch.distributed.pipelining import PipelineStage, ScheduleInterleaved1F1B  # noqa: E402
+from train_tiny_qwen3_next import make_batch, optimizer  # noqa: E402
+
+import runtime  # noqa: E402
+from runtime.executor import create_groups  # noqa: E402
+from runtime.layout import RankGrid  # noqa: E402
+from runtime.local_reference import deterministic_cpu_mode  # noqa: E402
+from runtime.moe_binding import MoEBinding, loss_fn, shard_experts  # noqa: E402
+from runtime.session import TrainingSession, plan_bytes  # noqa: E402
+from runtime.stage_module import StageModule  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+MARK_SPEEDUP = 1.1
+
+
+def even_split(layers: list[str], stages: int) -> list[list[str]]:
+    """Decoder layers evenly over the stages (earlier stages take one more), the embedding first, the head last."""
+    decoders = [name for name in layers if name not in ("embed", "head")]
+    per, extra = divmod(len(decoders), stages)
+    out, start = [], 0
+    for s in range(stages):
+        n = per + (1 if s < extra else 0)
+        out.append(decoders[start : start + n])
+        start += n
+    out[0].insert(0, "embed")
+    out[-1].append("head")
+    return out
+
+
+class Baseline:
+    """ScheduleInterleaved1F1B over StageModules with an even layer split, on this rank's stages."""
+
+    def __init__(self, plan: Any, layers: list[str], grid: RankGrid, parallel: Any):
+        self.grid, self.parallel = grid, parallel
+        pp_rank, ep_rank, _ = grid.coords(parallel.rank)
+        model = build_model()
+        shard_experts(model, ep_rank, grid.ep)
+        binding = MoEBinding(model, ep=grid.ep, ep_rank=ep_rank)
+        stages_total = plan.pp * plan.vpp
+        split = even_split(layers, stages_total)
+        shape = (plan.micro_batch_size, plan.seq_len, binding.hidden)
+        vocab = int(next(binding.lm_head.parameters()).shape[0])
+        self.stage_modules: list[StageModule] = []
+        stages: list[Any] = []  # PipelineStage; the schedule's parameter is typed with a private base class
+        for s in range(pp_rank, stages_total, plan.pp):
+            module = StageModule(binding, split[s], parallel.ep_group)
+            self.stage_modules.append(module)
+            example_in = torch.zeros(shape[:2], dtype=torch.long) if s == 0 else torch.zeros(shape, requires_grad=True)
+            example_out = torch.zeros((*shape[:2], vocab) if s == stages_total - 1 else shape, requires_grad=True)
+            stages.append(PipelineStage(module, s, stages_total, torch.device("cpu"), input_args=(example_in,),
+                                        output_args=(example_out,), group=parallel.pp_group))
+        self.losses: list[torch.Tensor] = []
+        scaled = loss_fn(plan.microbatches * grid.shards)
+
+        def loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            value, unscaled = scaled(logits, target)
+            self.losses.append(unscaled)
+            return value
+
+        self.schedule = ScheduleInterleaved1F1B(stages, plan.microbatches, loss_fn=loss, scale_grads=False)
+        self.has_first, self.has_last = 0 in range(pp_rank, stages_total, plan.pp), pp_rank == (stages_total - 1) % plan.pp
+        params = {id(p): p for m in self.stage_modules for p in m.parameters()}
+        self.params: list[torch.Tensor] = list(params.values())
+        self.dense = [p for m in self.stage_modules for n, p in m.named_parameters() if ".experts." not in n]
+        self.opt = optimizer(self.params)
+
+    def step(self, ids: torch.Tensor, labels: torch.Tensor) -> list[torch.Tensor]:
+        self.losses = []
+        flat_ids, flat_labels = ids.reshape(-1, ids.shape[-1]), labels.reshape(-1, labels.shape[-1])
+        if self.has_first:
+            self.schedule.step(flat_ids, target=flat_labels if self.has_last else None)
+        else:
+            self.schedule.step(target=flat_labels if self.has_last else None)
+        if self.grid.shards > 1:  # the non-expert gradients of the EP ranks, summed (what the plan's reduction does)
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.dense]
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, group=self.parallel.dense_group)
+            offset = 0
+            for p in self.dense:
+                p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
+                offset += p.numel()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return list(self.losses)
+
+
+def timed(fn: Any, cpu: list[float]) -> tuple[float, Any]:
+    """(slowest rank's wall time, result); this process's CPU time is appended to ``cpu``."""
+    dist.barrier()
+    start, start_cpu = time.perf_counter(), time.process_time()
+    out = fn()
+    cpu.append(time.process_time() - start_cpu)
+    dist.barrier()
+    elapsed = torch.tensor([time.perf_counter() - start])
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return float(elapsed), out
+
+
+def gather_losses(losses: list[torch.Tensor], group: Any, in_group: bool, shards: int) -> torch.Tensor | None:
+    if not in_group:
+        return None
+    mine = torch.stack(losses).reshape(-1)
+    out = [torch.empty_like(mine) for _ in range(shards)]
+    dist.all_gather(out, mine, group=group)
+    return torch.stack(out)
+
+
+def plan_for(args: argparse.Namespace) -> bytes:
+    if args.plan:
+        return plan_bytes(args.plan)
+    import tessera
+    from codegen.emit import plan_bytes as emit
+
+    module = tessera.compile(str(ROOT / "examples" / "tiny_qwen3_next.py"), hardware=args.hardware, ledger=args.ledger,
+                             microbatches=args.microbatches, seq_len=args.seq_len)
+    return emit(module)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--plan", help="the Tessera plan (.tsb) to run")
+    p.add_argument("--hardware", default="cpu", help="without --plan: compile for this target (default: this CPU)")
+    p.add_argument("--ledger", help="without --plan: fold a previous run's ledger into the compiled plan")
+    p.add_argument("--steps", type=int, default=8, help="timed steps of each")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps of each first")
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--microbatches", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-dbo", dest="dbo", action="store_false", help="Tessera without DBO (deferred work runs where offered)")
+    p.add_argument("--no-save", action="store_true", help="do not write bench/results")
+    args = p.parse_args()
+    deterministic_cpu_mode()
+    # Rank 0 compiles before joining the process group: the planner may start worker processes,
+    # and forking once gloo's threads run can hang the child.
+    payload: list[Any] = [plan_for(args) if os.environ.get("RANK") == "0" else None]
+    dist.init_process_group("gloo", timeout=timedelta(seconds=300))
+    rank = dist.get_rank()
+    dist.broadcast_object_list(payload, src=0)
+    data: bytes = payload[0]
+    info = runtime.load_plan(data, rank=0).plan
+    if info.seq_len != args.seq_len or info.microbatches != args.microbatches:
+        raise SystemExit(f"the plan is for seq_len {info.seq_len} and {info.microbatches} micro-batches; pass those")
+
+    session = TrainingSession.start(data, build_model(), expect={"model": NAME, "seq_len": args.seq_len}, dbo=args.dbo)
+    tessera_opt = optimizer(session.parameters())
+    grid = session.grid
+    parallel = create_groups(grid, rank)
+    baseline = Baseline(info, list(session.executor.layout.layers), grid, parallel)
+    last_ranks = grid.dense_group(grid.pp - 1)
+    loss_group = dist.new_group(last_ranks)
+    in_loss_group = rank in last_ranks
+    cfg = TinyConfig()
+
+    base_s, tess_s, overhead, agree, counters = [], [], [], [], {}
+    base_cpu: list[float] = []
+    tess_cpu: list[float] = []
+    parts = torch.zeros(3)  # this rank's compute, blocked, runtime seconds over the timed steps
+    for step in range(args.warmup + args.steps):
+        ids, labels = make_batch(step, args.seed, grid.shards, args.microbatches, 1, args.seq_len, cfg.vocab_size, 0)
+        mine_ids, mine_labels = ids[session.shard], labels[session.shard]
+        b_time, b_losses = timed(lambda x=mine_ids, y=mine_labels: baseline.step(x, y), base_cpu)
+
+        def tessera_step(x: torch.Tensor = mine_ids, y: torch.Tensor = mine_labels) -> Any:
+            result = session.step(x, y)
+            tessera_opt.step()
+            tessera_opt.zero_grad(set_to_none=True)
+            return result
+
+        t_time, result = timed(tessera_step, tess_cpu)
+        share = torch.tensor([result.iteration.runtime_ns / max(1, result.iteration.wall_ns)])
+        dist.all_reduce(share)
+        b_all = gather_losses(b_losses, loss_group, in_loss_group, grid.shards)
+        t_all = gather_losses(result.iteration.loss_tensors, loss_group, in_loss_group, grid.shards)
+        if step >= args.warmup:
+            base_s.append(b_time)
+            tess_s.append(t_time)
+            overhead.append(float(share) / grid.world_size)
+            it = result.iteration
+            parts += torch.tensor([it.compute_ns, it.blocked_ns, it.runtime_ns], dtype=torch.float32) / 1e9
+        if rank == session.reporting_rank:
+            assert b_all is not None and t_all is not None
+            agree.append(torch.equal(b_all.view(torch.int32), t_all.view(torch.int32)))
+            counters = result.iteration.counters
+            print(f"step {step}: baseline {b_time * 1e3:8.1f} ms  tessera {t_time * 1e3:8.1f} ms  "
+                  f"loss {t_all.mean().item():.6f}  losses equal: {agree[-1]}", flush=True)
+    cpu = torch.tensor([statistics.mean(base_cpu[args.warmup:]), statistics.mean(tess_cpu[args.warmup:])])
+    per_rank = [torch.zeros(5) for _ in range(grid.world_size)]
+    dist.all_gather(per_rank, torch.cat([parts / max(1, args.steps), cpu]))
+    if rank == session.reporting_rank:
+        report(args, info, base_s, tess_s, overhead, all(agree), counters, session, per_rank)
+    session.close()
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def report(args: argparse.Namespace, info: Any, base_s: list[float], tess_s: list[float], overhead: list[float],
+           losses_equal: bool, counters: dict[str, float], session: TrainingSession, per_rank: list[torch.Tensor]) -> None:
+    base_it, tess_it = 1 / statistics.median(base_s), 1 / statistics.median(tess_s)
+    ratio = tess_it / base_it
+    mark = "meets" if ratio >= MARK_SPEEDUP and losses_equal else "misses"
+    layout = session.executor.layout.stage_layers
+    print()
+    print(f"tiny Qwen3-Next, PP={info.pp} VPP={info.vpp} EP={info.ep}, {info.microbatches} micro-batches of "
+          f"{info.micro_batch_size}x{args.seq_len} tokens, 4 gloo processes on this CPU, {args.steps} timed steps")
+    print(f"  Tessera plan stages: {' | '.join('+'.join(s) for s in layout)}")
+    print(f"  baseline stages:     {' | '.join('+'.join(s) for s in even_split(list(session.executor.layout.layers), len(layout)))}")
+    rows = [("ScheduleInterleaved1F1B (even split)", base_it), ("Tessera (plan, FSM + executor)", tess_it)]
+    for name, it in rows:
+        print(f"  {name:<38} {it:7.3f} it/s  ({1e3 / it:8.1f} ms/iteration)")
+    print(f"  speed-up: {ratio:.3f}x  (mark >= {MARK_SPEEDUP}x with identical losses: {mark})")
+    print(f"  losses identical every step (bitwise): {losses_equal}")
+    print(f"  Tessera runtime overhead (FSM + executor bookkeeping): {100 * statistics.mean(overhead):.1f}% of iteration time")
+    print("  Tessera per rank, ms per iteration (compute / blocked on transfers / runtime): "
+          + "; ".join(f"rank {r}: {c * 1e3:.0f} / {b * 1e3:.0f} / {o * 1e3:.0f}" for r, (c, b, o, _, _) in enumerate(t.tolist() for t in per_rank)))
+    print("  CPU time per rank, ms per iteration (baseline / Tessera): "
+          + "; ".join(f"rank {r}: {bc * 1e3:.0f} / {tc * 1e3:.0f}" for r, (_, _, _, bc, tc) in enumerate(t.tolist() for t in per_rank)))
+    keys = ("tasks_run", "deferred", "placed", "fallbacks", "slots_filled", "implicit_waits", "max_imbalance")
+    print("  FSM/executor counters (last step, reporting rank): " + ", ".join(f"{k}={counters.get(k)}" for k in keys))
+    if args.no_save:
+        return
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    record = {
+        "pp": info.pp, "vpp": info.vpp, "ep": info.ep, "microbatches": info.microbatches, "seq_len": args.seq_len,
+        "steps": args.steps, "baseline_it_s": base_it, "tessera_it_s": tess_it, "speedup": ratio,
+        "losses_identical": losses_equal, "runtime_overhead_share": statistics.mean(overhead),
+        "tessera_stages": [list(s) for s in layout], "baseline_samples_s": base_s, "tessera_samples_s": tess_s,
+    }
+    (RESULTS / "e2e_cpu.json").write_text(json.dumps(record, indent=2) + "\n")
+    with (RESULTS / "e2e_cpu.csv").open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["run", "it_s", "ms_per_iteration"])
+        for name, it in rows:
+            w.writerow([name, f"{it:.4f}", f"{1e3 / it:.1f}"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

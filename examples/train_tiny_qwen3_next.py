@@ -1,0 +1,263 @@
+"""Train the tiny Qwen3-Next model under a Tessera plan, or the same training in one process.
+
+    torchrun --standalone --nproc-per-node 4 examples/train_tiny_qwen3_next.py --steps 5
+    python examples/train_tiny_qwen3_next.py --reference --steps 5
+
+Under torchrun every rank loads the plan (``--plan plan.tsb``, or one that rank
+0 compiles for the tiny model with pp 2 x ep 2), checks it against the model it
+trains, and runs its program with the C++ FSM and the torch executor
+(``runtime.session``); the last stage's first rank prints ``step k loss X``
+and the runtime's counters. ``--reference`` trains the same model, data and
+seed in one process with plain autograd (``runtime.local_reference``) and
+prints the same lines: in the deterministic CPU mode both agree bitwise.
+
+``--dump DIR`` writes each step's losses and reduced gradients (``torch.save``)
+for comparison; ``--ledger run.jsonl`` writes the prediction ledger. The
+``--fail-*`` options make one rank fail on purpose, to see the others stop.
+"""
+
+# SIGTERM is blocked before torch starts any thread, so that the health watch thread
+# receives it when torchrun stops the job (runtime.health explains why).
+import signal  # noqa: I001
+
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+import traceback  # noqa: E402
+from datetime import timedelta  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tiny_qwen3_next import NAME, PARALLEL, TinyConfig, build_model  # noqa: E402
+
+import runtime  # noqa: E402
+from runtime.errors import PlanError  # noqa: E402
+from runtime.executor import CommunicationError  # noqa: E402
+from runtime.local_reference import LocalReference, deterministic_cpu_mode  # noqa: E402
+from runtime.session import TrainingSession, mean_loss  # noqa: E402
+
+LR = 3e-3
+
+
+def make_batch(step: int, seed: int, shards: int, microbatches: int, batch: int, seq_len: int, vocab: int, skew: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids [shards, microbatches, batch, seq_len] and their next-token labels, the same in every process.
+
+    ``skew`` > 0 draws every token from the first ``skew`` ids only: the hidden states then
+    cluster and the router sends most tokens to a few experts (skewed routing).
+    """
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    high = skew if skew > 0 else vocab
+    ids = torch.randint(0, high, (shards, microbatches, batch, seq_len + 1), generator=g)
+    return ids[..., :-1].contiguous(), ids[..., 1:].contiguous()
+
+
+def optimizer(params: list[torch.Tensor]) -> torch.optim.Optimizer:
+    # foreach=False: the per-tensor update is elementwise, so it gives the same bits on a
+    # rank's slice of the experts as on the whole tensor.
+    return torch.optim.AdamW(params, lr=LR, foreach=False)
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--plan", help="a compiled plan (.tsb); default: rank 0 compiles one for this model")
+    p.add_argument("--reference", action="store_true", help="train in one process with plain autograd instead")
+    p.add_argument("--ep", type=int, default=PARALLEL["ep"], help="EP size (with --reference; a plan carries its own)")
+    p.add_argument("--microbatches", type=int, default=PARALLEL["microbatches"])
+    p.add_argument("--seq-len", type=int, default=PARALLEL["seq_len"])
+    p.add_argument("--seed", type=int, default=0, help="data seed")
+    p.add_argument("--skew", type=int, default=0, help="draw tokens from this many ids only (skewed routing)")
+    p.add_argument("--no-dbo", dest="dbo", action="store_false", help="run deferred weight gradients in place")
+    p.add_argument("--driver", choices=["fsm", "pipelining"], default="fsm",
+                   help="who orders the work: the C++ FSM, or torch.distributed.pipelining running the exported "
+                        "schedule (OVERLAP_F_B pairs by Tessera's executor)")
+    p.add_argument("--dump", metavar="DIR", help="write each step's losses and gradients here")
+    p.add_argument("--ledger", metavar="PATH", help="write the prediction ledger (JSON lines)")
+    p.add_argument("--fail-rank", type=int, default=-1, help="this rank fails on purpose ...")
+    p.add_argument("--fail-step", type=int, default=0, help="... in this step ...")
+    p.add_argument("--fail-at-action", type=int, default=0, help="... after this many FSM actions ...")
+    p.add_argument("--fail-mode", choices=["raise", "exit"], default="raise", help="... by raising, or dying at once")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    return p.parse_args(argv)
+
+
+def dump(directory: str | None, name: str, value: Any) -> None:
+    if directory:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        torch.save(value, Path(directory) / name)
+
+
+def print_step(step: int, loss: float) -> None:
+    print(f"step {step} loss {loss:.6f}", flush=True)
+
+
+# ---------------------------------------------------------------- one process
+
+
+def train_reference(args: argparse.Namespace) -> int:
+    deterministic_cpu_mode()
+    cfg = TinyConfig()
+    ref = LocalReference(build_model, ep=args.ep, microbatches=args.microbatches, optimizer=optimizer)
+    for step in range(args.steps):
+        ids, labels = make_batch(step, args.seed, ref.shards, args.microbatches, 1, args.seq_len, cfg.vocab_size, args.skew)
+        losses = ref.step(ids, labels)
+        print_step(step, mean_loss([[float(v) for v in row] for row in losses]))
+        dump(args.dump, f"losses{step}.pt", torch.stack([torch.stack(row) for row in losses]))
+        for shard, model in enumerate(ref.replicas):
+            dump(args.dump, f"grads{step}_shard{shard}.pt", {n: p.grad for n, p in model.named_parameters()})
+        ref.optimizer_step()
+    return 0
+
+
+# ---------------------------------------------------------------- under a plan
+
+
+class _FailingFSM:
+    """An FSM that makes this rank fail after a number of actions (for the failure tests)."""
+
+    def __init__(self, program: Any, *, at: int, mode: str, **kwargs: Any):
+        self._fsm = runtime.FSM(program, **kwargs)
+        self._left, self._mode = at, mode
+
+    def advance(self) -> Any:
+        self._left -= 1
+        if self._left < 0:
+            if self._mode == "exit":
+                os._exit(3)
+            raise RuntimeError("injected failure (--fail-rank)")
+        return self._fsm.advance()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fsm, name)
+
+
+def plan_and_signature(args: argparse.Namespace, rank: int, compiled: bytes | None) -> tuple[bytes, bytes]:
+    """Rank 0 reads (or compiles) the plan and computes the signature of the model this job trains."""
+    payload: list[Any] = [None]
+    if rank == 0:
+        from codegen.signature import plan_signature
+        from runtime.bytecode import decode
+        from tessera.api import capture
+
+        if args.plan:
+            data = Path(args.plan).read_bytes()
+        else:
+            assert compiled is not None
+            data = compiled
+        info = decode(data, rank=0).plan
+        module = capture(str(Path(__file__).with_name("tiny_qwen3_next.py")), microbatches=args.microbatches,
+                         seq_len=args.seq_len, pp=info.pp, vpp=info.vpp, ep=info.ep)
+        # The plan records where its costs came from; the signature covers the model and settings.
+        module.attrs["profile_mode"], module.attrs["hardware"] = info.cost_source, info.hardware
+        payload[0] = (data, plan_signature(module))
+    dist.broadcast_object_list(payload, src=0)
+    return payload[0]  # type: ignore[no-any-return]
+
+
+def compile_plan(args: argparse.Namespace) -> bytes:
+    """The tiny model's plan for this CPU (calibrated on first use), as bytecode."""
+    import tessera
+    from codegen.emit import plan_bytes
+
+    module = tessera.compile(str(Path(__file__).with_name("tiny_qwen3_next.py")), hardware="cpu",
+                             microbatches=args.microbatches, seq_len=args.seq_len)
+    return plan_bytes(module)
+
+
+def train_distributed(args: argparse.Namespace) -> int:
+    deterministic_cpu_mode()
+    # Rank 0 compiles before joining the process group: the planner may start worker processes,
+    # and forking once gloo's threads run can hang the child.
+    compiled = compile_plan(args) if not args.plan and os.environ.get("RANK") == "0" else None
+    # Long enough for rank 0 to compile the plan (calibrating this CPU on first use) while the others
+    # wait in the broadcast; a rank that dies is reported by the health watch, not by this timeout.
+    dist.init_process_group("gloo", timeout=timedelta(seconds=600))
+    rank = dist.get_rank()
+    session: TrainingSession | None = None
+    try:
+        data, signature = plan_and_signature(args, rank, compiled)
+        steps_done = [0]
+        fsm_factory = None
+        if rank == args.fail_rank:
+            def fsm_factory(program: Any, **kw: Any) -> Any:
+                at = args.fail_at_action if steps_done[0] == args.fail_step else 1 << 60
+                return _FailingFSM(program, at=at, mode=args.fail_mode, **kw)
+        expect = {"model": NAME, "microbatches": args.microbatches, "seq_len": args.seq_len}
+        session = TrainingSession.start(data, build_model(), signature=signature, expect=expect, dbo=args.dbo,
+                                        fsm_factory=fsm_factory, driver=args.driver)
+        opt = optimizer(session.parameters())
+        cfg = TinyConfig()
+        ledger = None
+        if args.ledger:
+            from runtime.ledger import PredictionLedger
+
+            ledger = PredictionLedger.for_executor(session.executor)
+        for step in range(args.steps):
+            steps_done[0] = step
+            ids, labels = make_batch(step, args.seed, session.grid.shards, args.microbatches, 1, args.seq_len,
+                                     cfg.vocab_size, args.skew)
+            result = session.step(session.my_slice(ids), session.my_slice(labels))
+            if ledger is not None:
+                ledger.record(step, result.iteration)
+            if result.losses is not None:
+                print_step(step, mean_loss(result.losses))
+                counters = {k: round(v, 3) if isinstance(v, float) else v for k, v in result.iteration.counters.items()}
+                print(f"  counters {json.dumps(counters, sort_keys=True)}", flush=True)
+                dump(args.dump, f"losses{step}.pt", torch.stack([torch.stack(row) for row in result.loss_tensors or []]))
+            executor = session.executor
+            dump(args.dump, f"grads{step}_rank{rank}_shard{session.shard}.pt",
+                 {k: p.grad for k, p in executor.params.items()})
+            dump(args.dump, f"wgrad_runs{step}_rank{rank}.pt", dict(executor.wgrad_ran))
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        if ledger is not None:
+            gathered: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, ledger.rows)
+            if rank == 0:
+                ledger.write(args.ledger, [row for rows in gathered for row in rows])
+        dist.barrier()
+        session.close()
+        dist.destroy_process_group()
+        return 0
+    except PlanError as err:
+        if args.debug:
+            raise
+        print(f"[rank {rank}] error: {err}", file=sys.stderr, flush=True)
+        return 1
+    except CommunicationError as err:
+        # Another rank's failure usually shows here first; wait for the health watch to name it.
+        record = session.health.first_failure(wait_s=10.0) if session is not None and session.health else None
+        print(f"[rank {rank}] error: stopping because another rank failed: {record or err}", file=sys.stderr, flush=True)
+        return 1
+    except Exception as err:
+        if args.debug:
+            traceback.print_exc()
+        record = session.fail(f"{type(err).__name__}: {err}") if session is not None else f"rank {rank}: {err}"
+        print(f"[rank {rank}] error: {record}", file=sys.stderr, flush=True)
+        return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    if args.reference:
+        return train_reference(args)
+    if "RANK" not in os.environ:
+        print("error: launch with torchrun (see --help), or pass --reference to train in one process", file=sys.stderr)
+        return 1
+    return train_distributed(args)
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

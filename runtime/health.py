@@ -1,0 +1,179 @@
+"""When one rank fails, every other rank stops with an error naming it, instead of hanging.
+
+A rank blocked in a collective whose peer died may wait for the whole gloo or
+NCCL timeout (minutes), and under ``torchrun`` the survivors are killed by
+SIGTERM a moment after the first death, silently. So each rank runs a watch
+thread beside training, talking to the other ranks through the job's
+rendezvous store (torchrun's agent keeps it alive when a worker dies):
+
+- every ``interval_s`` it bumps its own heartbeat counter;
+- a rank that raises records ``rank R: <error>`` (``HealthWatch.fail``); the
+  first record wins, so later errors caused by the first do not hide it;
+- a rank whose heartbeat has not moved for ``stale_s`` without having said it
+  finished is dead (killed, crashed): the first watch to see it records that;
+- when a record exists, the watch prints it and ends the process (exit 1),
+  whatever the training thread is blocked in;
+- SIGTERM (torchrun stopping the job because a worker exited) is received by
+  the watch thread itself: it waits up to ``diagnose_s`` for the record or a
+  stale heartbeat, then reports and exits. For that, SIGTERM must be blocked
+  in every thread: call ``hold_termination_signals()`` first thing in the
+  program, before torch starts threads (then threads inherit the mask).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+FAILED_KEY = "failed"
+TERMINATION = (signal.SIGTERM,)
+
+
+def hold_termination_signals() -> None:
+    """Block SIGTERM in this thread and every thread started after, so the watch thread receives it."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, TERMINATION)
+
+
+def job_store(prefix: str = "tessera/health", timeout_s: float = 30.0) -> Any:
+    """A client of the job's rendezvous store (``MASTER_ADDR``/``MASTER_PORT``, as torchrun sets them)."""
+    import torch.distributed as dist
+
+    host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not host or not port:
+        raise RuntimeError("MASTER_ADDR and MASTER_PORT are not set: launch the job with torchrun")
+    store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s))
+    return dist.PrefixStore(prefix, store)
+
+
+class HealthWatch:
+    """The watch thread of one rank (see the module docstring)."""
+
+    def __init__(
+        self,
+        store: Any,
+        rank: int,
+        world_size: int,
+        *,
+        interval_s: float = 0.25,
+        stale_s: float = 3.0,
+        diagnose_s: float = 8.0,
+        report: Callable[[str], None] | None = None,
+        exit_process: Callable[[int], None] = os._exit,
+    ):
+        self.store = store
+        self.rank, self.world_size = rank, world_size
+        self.interval_s, self.stale_s, self.diagnose_s = interval_s, stale_s, diagnose_s
+        self.report = report or (lambda text: print(text, file=sys.stderr, flush=True))
+        self.exit_process = exit_process
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._seen: dict[int, tuple[int, float]] = {}  # rank -> (last counter, when it last moved)
+
+    # ------------------------------------------------------------ training thread
+
+    def start(self) -> HealthWatch:
+        self.store.add(f"hb/{self.rank}", 1)
+        self._thread = threading.Thread(target=self._watch, name="tessera-health", daemon=True)
+        self._thread.start()
+        return self
+
+    def fail(self, message: str) -> str:
+        """Record that this rank failed (unless another rank's failure came first); returns the record that stands."""
+        record = f"rank {self.rank}: {message}"
+        return self._record(record)
+
+    def first_failure(self, wait_s: float = 0.0) -> str | None:
+        """The failure record, waiting up to ``wait_s`` for one (a dead rank takes ``stale_s`` to notice)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            record = self._read_record()
+            if record is not None or time.monotonic() >= deadline:
+                return record
+            time.sleep(self.interval_s)
+
+    def finish(self) -> None:
+        """This rank ended normally: its silence from now on is not a death."""
+        self.store.add(f"done/{self.rank}", 1)
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5 * self.interval_s + 1)
+
+    # ------------------------------------------------------------ watch thread
+
+    def _record(self, record: str) -> str:
+        stored = self.store.compare_set(FAILED_KEY, "", record)
+        return stored.decode() if isinstance(stored, bytes) else str(stored)
+
+    def _read_record(self) -> str | None:
+        if not self.store.check([FAILED_KEY]):
+            return None
+        value = self.store.get(FAILED_KEY)
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    def _dead_rank(self) -> int | None:
+        now = time.monotonic()
+        for r in range(self.world_size):
+            if r == self.rank:
+                continue
+            count = int(self.store.add(f"hb/{r}", 0))
+            last = self._seen.get(r)
+            if last is None or last[0] != count:
+                self._seen[r] = (count, now)
+                continue
+            if now - last[1] > self.stale_s and count > 0 and not int(self.store.add(f"done/{r}", 0)):
+                return r
+        return None
+
+    def _check(self) -> str | None:
+        record = self._read_record()
+        if record is None:
+            dead = self._dead_rank()
+            if dead is not None:
+                record = self._record(f"rank {dead}: stopped responding (no heartbeat for {self.stale_s:.1f} s; killed or crashed)")
+        return record
+
+    def _stop_process(self, record: str, why: str) -> None:
+        self.report(f"[rank {self.rank}] error: {why}: {record}")
+        self.exit_process(1)
+
+    def _watch(self) -> None:
+        can_wait_signal = hasattr(signal, "sigtimedwait") and signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        while not self._stop.is_set():
+            try:
+                self.store.add(f"hb/{self.rank}", 1)
+                record = self._check()
+            except Exception as err:  # noqa: BLE001 - the store itself went away
+                self._stop_process(f"the job's rendezvous store is unreachable ({err})", "stopping")
+                return
+            if record is not None and not record.startswith(f"rank {self.rank}:"):
+                self._stop_process(record, "stopping because another rank failed")
+                return
+            if can_wait_signal:
+                if signal.sigtimedwait(TERMINATION, self.interval_s) is not None:
+                    self._on_termination()
+                    return
+            else:
+                self._stop.wait(self.interval_s)
+
+    def _on_termination(self) -> None:
+        deadline = time.monotonic() + self.diagnose_s
+        while time.monotonic() < deadline:
+            try:
+                self.store.add(f"hb/{self.rank}", 1)
+                record = self._check()
+            except Exception:  # noqa: BLE001
+                record = None
+            if record is not None:
+                if record.startswith(f"rank {self.rank}:"):
+                    self.exit_process(1)
+                    return
+                self._stop_process(record, "stopped by the launcher because another rank failed")
+                return
+            time.sleep(self.interval_s)
+        self._stop_process("no rank reported a failure", "stopped by the launcher (SIGTERM)")

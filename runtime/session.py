@@ -1,0 +1,193 @@
+"""Training under a plan, from a trainer's point of view: load, lay out the ranks, step.
+
+    runtime.health.hold_termination_signals()        # first thing: see runtime.health
+    dist.init_process_group("gloo")                  # torchrun sets the environment
+    session = TrainingSession.start("plan.tsb", model, signature=sig, expect={"model": "tiny_qwen3_next"})
+    opt = torch.optim.AdamW(session.parameters(), lr=3e-3)
+    for step in range(steps):
+        result = session.step(input_ids, labels)     # this rank's slice: [microbatches, batch, seq]
+        opt.step(); opt.zero_grad(set_to_none=True)
+    session.close()
+
+``start`` loads every pipeline rank's program (refusing a plan compiled for
+another model or other settings with a message that names what differs),
+builds the process groups of the plan's ``pp × ep × dp`` layout from the job's
+world size, keeps this rank's experts in the model, and starts the health
+watch. ``step`` runs the program once.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from runtime.bytecode import PlanInfo, decode
+from runtime.errors import PlanError
+from runtime.executor import IterationResult, StageExecutor, create_groups
+from runtime.health import HealthWatch, job_store
+from runtime.layout import RankGrid, StageLayout
+from runtime.moe_binding import MoEBinding, shard_experts
+
+SETTINGS = ("model", "pp", "vpp", "ep", "tp", "microbatches", "micro_batch_size", "seq_len", "dtype")
+
+
+def plan_bytes(source: str | os.PathLike[str] | bytes) -> bytes:
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return bytes(source)
+    try:
+        return Path(source).read_bytes()
+    except OSError as err:
+        raise PlanError(f"cannot read plan '{source}': {err.strerror}", "unreadable") from None
+
+
+def describe_mismatch(data: bytes, expect: Mapping[str, Any]) -> str | None:
+    """What differs between the settings a plan was compiled for and those of this run, in words."""
+    try:
+        plan: PlanInfo = decode(data, rank=0).plan
+    except PlanError:
+        return None
+    diffs = []
+    for name in SETTINGS:
+        if name in expect and str(getattr(plan, name)) != str(expect[name]):
+            diffs.append(f"{name}={getattr(plan, name)} (this run: {expect[name]})")
+    return ", ".join(diffs) if diffs else None
+
+
+def load_programs(data: bytes, signature: bytes | None, expect: Mapping[str, Any]) -> list[Any]:
+    """Every pipeline rank's program; a mismatch with this run is refused naming what differs."""
+    import runtime
+
+    mismatch = describe_mismatch(data, expect)
+    if mismatch is not None:
+        raise PlanError(f"the plan was compiled for other settings: {mismatch}; recompile it for this run", "signature")
+    try:
+        first = runtime.load_plan(data, rank=0, signature=signature)
+    except PlanError as err:
+        if err.reason == "signature":
+            raise PlanError(
+                "the plan was compiled for another model: its parallel settings match this run, but the model's "
+                "layers, tasks or shapes differ (or its cost source does) from those it was compiled for; recompile it",
+                "signature",
+            ) from None
+        raise
+    return [first] + [runtime.load_plan(data, rank=r, signature=signature) for r in range(1, int(first.plan.pp))]
+
+
+@dataclass
+class StepResult:
+    """One iteration of this rank, plus the losses of every slice of the batch on the reporting rank."""
+
+    iteration: IterationResult
+    losses: list[list[float]] | None  # [shard][micro-batch], on the reporting rank only
+    loss_tensors: list[list[torch.Tensor]] | None
+
+    @property
+    def loss(self) -> float | None:
+        """Mean loss over the batch (micro-batches and slices), in the order the reference sums it."""
+        if self.losses is None:
+            return None
+        return mean_loss(self.losses)
+
+
+def mean_loss(losses: list[list[float]]) -> float:
+    count = sum(len(row) for row in losses)
+    return sum(sum(row) for row in losses) / count
+
+
+class TrainingSession:
+    """One rank of a job trained under a plan (see the module docstring)."""
+
+    def __init__(self, executor: StageExecutor, grid: RankGrid, rank: int, health: HealthWatch | None, bridge: Any = None):
+        self.executor = executor
+        self.bridge = bridge
+        self.grid = grid
+        self.rank = rank
+        self.health = health
+        self.pp_rank, self.ep_rank, self.dp_rank = grid.coords(rank)
+        self.shard = grid.shard(rank)
+        last = grid.pp - 1
+        self.reporting_rank = grid.rank(last, 0, 0)
+        self._loss_group = None
+        ranks = grid.dense_group(last)
+        self._loss_group = dist.new_group(ranks)
+        self._in_loss_group = rank in ranks
+
+    @classmethod
+    def start(
+        cls,
+        plan: str | os.PathLike[str] | bytes,
+        model: nn.Module,
+        *,
+        signature: bytes | None = None,
+        expect: Mapping[str, Any] | None = None,
+        dbo: bool = True,
+        health: bool = True,
+        fsm_factory: Any = None,
+        driver: str = "fsm",
+    ) -> TrainingSession:
+        """``driver``: ``fsm`` (the C++ FSM orders the work) or ``pipelining`` (torch.distributed.pipelining's
+        runtime runs the exported schedule, each chunk and pair by Tessera's executor)."""
+        if driver not in ("fsm", "pipelining"):
+            raise ValueError(f"driver must be 'fsm' or 'pipelining', got '{driver}'")
+        if not dist.is_initialized():
+            raise RuntimeError("torch.distributed is not initialized: call dist.init_process_group first (torchrun sets it up)")
+        data = plan_bytes(plan)
+        programs = load_programs(data, signature, expect or {})
+        info = programs[0].plan
+        rank, world = dist.get_rank(), dist.get_world_size()
+        grid = RankGrid.for_world(world, int(info.pp), int(info.ep))
+        watch = None
+        if health:
+            watch = HealthWatch(job_store(), rank, world).start()
+        parallel = create_groups(grid, rank)
+        pp_rank, ep_rank, _ = grid.coords(rank)
+        shard_experts(model, ep_rank, grid.ep)
+        binding = MoEBinding(model, ep=grid.ep, ep_rank=ep_rank)
+        layout = StageLayout.from_programs(programs)
+        executor = StageExecutor(programs[pp_rank], layout, binding, parallel, dbo=dbo, fsm_factory=fsm_factory,
+                                 external_loss=driver == "pipelining")
+        bridge = None
+        if driver == "pipelining":
+            from runtime.pipelining_bridge import build_bridge
+
+            bridge = build_bridge(executor, programs)
+        return cls(executor, grid, rank, watch, bridge)
+
+    def parameters(self) -> list[torch.Tensor]:
+        return self.executor.parameters()
+
+    def my_slice(self, batch: torch.Tensor) -> torch.Tensor:
+        """This rank's slice of a global batch laid out [shards, microbatches, batch, seq]."""
+        return batch[self.shard]
+
+    def step(self, input_ids: torch.Tensor | None, labels: torch.Tensor | None) -> StepResult:
+        """Run the plan once on this rank's slice; gather the losses on the reporting rank."""
+        if self.bridge is not None:
+            result = self.bridge.step(input_ids, labels)
+        else:
+            result = self.executor.run_iteration(input_ids, labels)
+        losses = loss_tensors = None
+        if self._in_loss_group:
+            mine = torch.stack(result.loss_tensors).reshape(-1).to(torch.float32)
+            gathered = [torch.empty_like(mine) for _ in range(self.grid.shards)]
+            dist.all_gather(gathered, mine, group=self._loss_group)
+            # The group lists ranks by (dp, ep), which is shard order.
+            if self.rank == self.reporting_rank:
+                loss_tensors = [list(g.unbind(0)) for g in gathered]
+                losses = [[float(v) for v in row] for row in loss_tensors]
+        return StepResult(result, losses, loss_tensors)
+
+    def fail(self, message: str) -> str:
+        """Record this rank's failure for the others (the first failure recorded stands)."""
+        return self.health.fail(message) if self.health is not None else f"rank {self.rank}: {message}"
+
+    def close(self) -> None:
+        if self.health is not None:
+            self.health.finish()
