@@ -39,7 +39,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,8 +65,19 @@ class CommunicationError(RuntimeError):
 
 
 def _wait_work(work: Any, what: str) -> None:
-    try:
+    with _communication(what):
         work.wait()
+
+
+@contextmanager
+def _communication(what: str) -> Iterator[None]:
+    """Starting or finishing a transfer: a transport error becomes a CommunicationError.
+
+    A peer that died shows first as a broken connection, when an operation is
+    issued as often as when it is waited for.
+    """
+    try:
+        yield
     except RuntimeError as err:
         raise CommunicationError(f"{what} failed: {err}") from err
 
@@ -265,7 +277,8 @@ class StageExecutor:
             fn = {
                 "embedding": lambda: b.embedding_fn(),
                 "mixer": lambda: b.mixer_fn(layer),
-                "router": lambda: b.router_fn(layer),
+                "router": lambda: b.gate_fn(layer),
+                "permute": lambda: b.permute_fn(),
                 "expert_gemm": lambda: b.experts_fn(layer),
                 "shared_expert": lambda: b.shared_fn(layer),
             }[op]()
@@ -455,9 +468,13 @@ class StageExecutor:
             g = self._graph(layer, op, mb, self._fn(layer, op), [self._layer_input(layer, mb, name)])
             self.values[(layer, "h", mb)], self.values[(layer, "n", mb)] = g.outputs
         elif op == "router":
-            g = self._graph(layer, op, mb, self._fn(layer, op), [self._resolve((layer, "n", mb), name)])
-            permuted, weights, order, counts = g.outputs
-            self.values[(layer, "permuted", mb)] = permuted
+            n = self._resolve((layer, "n", mb), name)
+            g = self._graph(layer, op, mb, self._fn(layer, op), [n])
+            weights, order, counts = g.outputs
+            # The permutation is a piece of its own: its backward runs with the dispatch's
+            # backward, the gate's with the combine's (the plan's dependencies).
+            p = self._graph(layer, "permute", mb, self._fn(layer, "permute"), [n], (order,))
+            self.values[(layer, "permuted", mb)] = p.outputs[0]
             self.values[(layer, "weights", mb)] = weights
             self.values[(layer, "order", mb)] = order
             self._exchange_counts(layer, mb, counts)
@@ -574,6 +591,14 @@ class StageExecutor:
         for name, g in zip(("h", "returned", "weights", "shared"), grads):
             self._set_grad(layer, name, mb, g)
 
+    def _permute_grads(self, layer: str, mb: int, needed_by: str) -> None:
+        """The permutation's backward: the returned gradient of the permuted tokens back in token order."""
+        graph = self.graphs.pop((layer, "permute", mb), None)
+        if graph is None:
+            raise ExecutionError(f"{needed_by}: the tokens of layer {layer} for micro-batch {mb} were never permuted")
+        (gn,), _ = backward_data(graph, [self._grad(layer, "permuted", mb, needed_by)])
+        self._set_grad(layer, "n", mb, gn, "dispatch")
+
     def _dgrad(self, layer: str, op: str, mb: int) -> None:
         name = f"{layer}.{op}.dgrad"
         graph = self.graphs.get((layer, op, mb))
@@ -585,15 +610,16 @@ class StageExecutor:
             self._set_grad(layer, "x", mb, gx)
         elif op == "mixer":
             self._assembled_grads(layer, mb, name)
+            self._permute_grads(layer, mb, name)
             g_h = self._grad(layer, "h", mb, name)
-            g_n = self._grad(layer, "n", mb, name, ("router", "shared_expert"))
+            # The router's two contributions first, as autograd sums them inside the router.
+            g_n = self._grad(layer, "n", mb, name, ("router", "dispatch", "shared_expert"))
             (gx,), job = backward_data(graph, [g_h, g_n])
             self._set_grad(layer, "x", mb, gx)
         elif op == "router":
             self._assembled_grads(layer, mb, name)
-            g_perm = self._grad(layer, "permuted", mb, name)
             g_w = self._grad(layer, "weights", mb, name)
-            (gn,), job = backward_data(graph, [g_perm, g_w, None, None])
+            (gn,), job = backward_data(graph, [g_w, None, None])
             self._set_grad(layer, "n", mb, gn, "router")
         elif op == "shared_expert":
             self._assembled_grads(layer, mb, name)
@@ -634,7 +660,8 @@ class StageExecutor:
             self.routing_pending[(layer, mb)] = (None, [counts])
             return
         gathered = [torch.empty_like(counts) for _ in range(self.par.grid.ep)]
-        work = dist.all_gather(gathered, counts, group=self.par.ep_group, async_op=True)
+        with _communication(f"the token-count exchange of layer {layer} micro-batch {mb}"):
+            work = dist.all_gather(gathered, counts, group=self.par.ep_group, async_op=True)
         self.routing_pending[(layer, mb)] = (work, gathered)
 
     def _routing(self, layer: str, mb: int) -> Routing:
@@ -695,7 +722,8 @@ class StageExecutor:
         else:
             tensor = tensor.contiguous()
             out = tensor.new_empty((sum(recv), *tensor.shape[1:]))
-            work = dist.all_to_all_single(out, tensor, recv, send, group=self.par.ep_group, async_op=True)
+            with _communication(f"the All-to-All {layer}.{name}[{mb}]"):
+                work = dist.all_to_all_single(out, tensor, recv, send, group=self.par.ep_group, async_op=True)
             self.stats.a2a_bytes += tensor.numel() * tensor.element_size()
 
         def done() -> None:
@@ -729,7 +757,8 @@ class StageExecutor:
             tensor = tensor.detach().contiguous()
             if _TRACE:
                 print(f"[rank {self.par.rank}] isend to {peer} tag {tag} {tuple(tensor.shape)} {tensor.dtype}", flush=True)
-            work = dist.isend(tensor, peer, tag=tag)
+            with _communication(f"the {where} to rank {peer}"):
+                work = dist.isend(tensor, peer, tag=tag)
             self.stats.p2p_bytes += tensor.numel() * tensor.element_size()
             on_done: Callable[[], None] | None = None
             keys: tuple[tuple[str, str, int], ...] = ()
@@ -738,7 +767,8 @@ class StageExecutor:
             buffer = torch.empty(shape, dtype=self._dtype(), device=self.device)
             if _TRACE:
                 print(f"[rank {self.par.rank}] irecv from {peer} tag {tag} {tuple(buffer.shape)} {buffer.dtype}", flush=True)
-            work = dist.irecv(buffer, peer, tag=tag)
+            with _communication(f"the receive of stage {vstage} micro-batch {mb} from rank {peer}"):
+                work = dist.irecv(buffer, peer, tag=tag)
             if payload == Payload.ACTIVATION:
                 # Stage vstage's output is the input of stage vstage + 1's first layer.
                 key = (self.layout.stage_layers[vstage + 1][0], "x_recv", mb)
@@ -804,7 +834,8 @@ class StageExecutor:
             if size == 1:
                 continue
             flat = torch.cat([p.grad.reshape(-1) for p in params])  # type: ignore[union-attr]
-            works.append(dist.all_reduce(flat, group=group, async_op=True))
+            with _communication("the gradient all-reduce"):
+                works.append(dist.all_reduce(flat, group=group, async_op=True))
 
             def unflatten(flat: torch.Tensor = flat, params: list[torch.Tensor] = params) -> None:
                 offset = 0

@@ -19,7 +19,8 @@ it understands, by module structure:
 The pieces of one decoder layer and what flows between them:
 
     x --mixer--> h, n          h = x + mixer(input_norm(x)), n = post_mixer_norm(h)
-    n --router--> permuted, weights, order, counts   (top-k routing; slots sorted by expert)
+    n --router--> permuted, weights, order, counts   (top-k routing; slots sorted by expert;
+                                                      the executor runs the permutation as part of the dispatch)
     permuted --dispatch (All-to-All)--> received     (on the ranks that own the experts)
     received --expert_gemm--> expert_out             (each local expert's SwiGLU on its tokens)
     expert_out --combine (All-to-All)--> returned    (back on the ranks that own the tokens)
@@ -290,21 +291,45 @@ class MoEBinding:
         return mixer_forward
 
     def router_fn(self, layer: str) -> Callable[..., tuple[torch.Tensor, ...]]:
+        """The routing and the permutation of the tokens in expert order, as one piece."""
+        gate, permute = self.gate_fn(layer), self.permute_fn()
+
+        def router(n: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            weights, order, counts = gate(n)
+            (permuted,) = permute(n, order)
+            return permuted, weights, order, counts
+
+        return router
+
+    def gate_fn(self, layer: str) -> Callable[..., tuple[torch.Tensor, ...]]:
+        """The router's own work: top-k weights, the slots' order by expert and the per-expert counts."""
         gate = self.decoder(layer).gate
         top_k, num_experts, hidden = self.top_k, self.num_experts, self.hidden
 
-        def router(n: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            tokens = n.reshape(-1, hidden)
-            probs = F.softmax(gate(tokens), dim=-1)
+        def route(n: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            probs = F.softmax(gate(n.reshape(-1, hidden)), dim=-1)
             weights, expert_index = torch.topk(probs, top_k, dim=-1)
             weights = weights / weights.sum(dim=-1, keepdim=True)
             flat = expert_index.reshape(-1)
             order = torch.argsort(flat, stable=True)  # (token, choice) slots sorted by expert
-            permuted = tokens[order // top_k]
             counts = torch.bincount(flat, minlength=num_experts)
-            return permuted, weights, order, counts
+            return weights, order, counts
 
-        return router
+        return route
+
+    def permute_fn(self) -> Callable[..., tuple[torch.Tensor, ...]]:
+        """The tokens gathered in expert order for the dispatch (no weights).
+
+        Its backward belongs to the dispatch's: the gradient of the permuted tokens
+        exists only once the dispatch's backward All-to-All has returned it, while the
+        router's gate gradient exists after the combine's backward.
+        """
+        top_k, hidden = self.top_k, self.hidden
+
+        def permute(n: torch.Tensor, order: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return (n.reshape(-1, hidden)[order // top_k],)
+
+        return permute
 
     def experts_fn(self, layer: str) -> Callable[..., tuple[torch.Tensor, ...]]:
         d = self.decoder(layer)
