@@ -25,15 +25,33 @@ from tessera_ir.printer import print_module
 EXIT_USER_ERROR = 1
 EXIT_INTERNAL_ERROR = 2
 
-PARALLEL_FLAGS = [
+def _recompute_modules(text: str) -> list[str]:
+    """``--recompute`` value: a comma list of module names, or ``none``."""
+    from tessera_ir.parallel import RECOMPUTE_MODULES
+
+    names = [] if text.strip() == "none" else [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in RECOMPUTE_MODULES]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown module(s) {', '.join(unknown)}; use a comma list of {', '.join(RECOMPUTE_MODULES)}, or none"
+        )
+    return names
+
+
+PARALLEL_FLAGS: list[tuple[str, Callable[[str], object], str]] = [
     ("--pp", int, "pipeline-parallel size (devices in the pipeline)"),
     ("--vpp", int, "virtual pipeline stages (model chunks) per device"),
     ("--ep", int, "expert-parallel size"),
-    ("--tp", int, "tensor-parallel size"),
+    ("--tp", int, "tensor-parallel size (with sequence parallelism)"),
+    ("--dp", int, "data-parallel size: replicas of the dense layers, over which the distributed optimizer "
+                  "shards their state (experts: over dp*cp*tp/ep)"),
+    ("--cp", int, "context-parallel size: ranks the sequence is split over (long sequences)"),
     ("--microbatches", int, "micro-batches per iteration"),
     ("--micro-batch-size", int, "sequences per micro-batch"),
     ("--seq-len", int, "sequence length in tokens"),
     ("--dtype", str, "activation/weight dtype: bf16, fp16, fp32, fp8"),
+    ("--recompute", _recompute_modules, "selective recomputation: comma list of core_attn, mla_up_proj, layernorm, "
+                                        "moe_act, moe, shared_experts, mlp (Megatron-Core's module names), or none"),
 ]
 
 
@@ -132,6 +150,8 @@ def _compile_parser() -> argparse.ArgumentParser:
     group = p.add_argument_group("parallel settings (override PARALLEL in model.py and the workload defaults)")
     for flag, typ, help_text in PARALLEL_FLAGS:
         group.add_argument(flag, type=typ, default=None, help=help_text)
+    group.add_argument("--distributed-optimizer", action=argparse.BooleanOptionalAction, default=None,
+                       help="shard optimizer state over the data-parallel replicas (default: on, as public recipes do)")
     return p
 
 
@@ -151,7 +171,8 @@ def _compile(args: argparse.Namespace) -> int:
     pipeline = DEFAULT_PIPELINE if args.passes is None else ("" if args.passes == "none" else args.passes)
     passes = parse_pipeline(pipeline) if pipeline.strip() else []  # a bad pipeline fails before the capture
     dump = _dump_callback(args.dump_after, args.dump_dir)
-    parallel = {flag.lstrip("-").replace("-", "_"): getattr(args, flag.lstrip("-").replace("-", "_")) for flag, _, _ in PARALLEL_FLAGS}
+    names = [flag.lstrip("-").replace("-", "_") for flag, _, _ in PARALLEL_FLAGS] + ["distributed_optimizer"]
+    parallel = {name: getattr(args, name) for name in names}
     resolve_hardware(args.hardware)  # so does a bad --hardware; cpu is calibrated here if it never was
 
     start = time.perf_counter()
