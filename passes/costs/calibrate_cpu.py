@@ -15,7 +15,8 @@ core is the exception: a mean, see below).
 - memory bandwidth from a large tensor copy (bytes read + written per second)
   → ``hbm_gbps``;
 - gloo All-to-All between the local processes at six sizes (Theil-Sen fit) →
-  ``a2a_latency_us`` and ``a2a_gbps_*`` (``t = latency + bytes / bandwidth``);
+  ``a2a_latency_us`` and ``nvlink_gbps`` (``t = latency + bytes / bandwidth``; the ranks share one
+  "node", so every byte takes that link);
 - a fully serial ping-pong chain at two lengths → the cross-stream hand-off
   delay (``contention.cross_stream_sync_us``) and the executor's fixed cost per
   pair (``pair_overhead_us``);
@@ -228,11 +229,10 @@ def calibrate(executor: PairExecutor, quick: bool = False, statistic: str = "med
         "peak_tflops": peak,
         "hbm_gbps": hbm_gbps,
         "memory_gib": memory_gib,
+        # The ranks are local processes: one "node", its links the measured gloo All-to-All.
         "nvlink_gbps": a2a_gbps,
         "nic_gbps": a2a_gbps,
         "gpus_per_node": executor.world_size,
-        "a2a_gbps_intra_node": a2a_gbps,
-        "a2a_gbps_inter_node": a2a_gbps,
         "a2a_latency_us": latency_us,
         # Compute units: the rank's threads. Communication runs on its own thread,
         # so it takes no unit outright; its interference is the measured contention.

@@ -56,7 +56,8 @@ def exec_tasks(
         nbytes = int(round(s.task.bytes * scale))
         shapes: tuple = ()
         if s.stream == Resource.COMPUTE.value:
-            compute_bound = task_utilisation(s.task, hw, parallel)[0] >= 1.0
+            sm_util, mem_util = task_utilisation(s.task, hw, parallel)
+            compute_bound = sm_util >= mem_util  # the kernel group that dominates its time
             if compute_bound and flops >= 2:
                 shapes = _gemm_shape(s.task, flops)
                 nbytes = 0  # the GEMM's own operand traffic is all it moves
@@ -81,7 +82,8 @@ def predicted_exec(
     scaled = []
     for s, e in zip(items, execs):
         flops, nbytes = executed_work(e, world)
-        scaled.append(replace(s, task=replace(s.task, flops=flops, bytes=nbytes)))
+        # The executed kernel is one plain GEMM or copy: no core share, no per-expert rows.
+        scaled.append(replace(s, task=replace(s.task, flops=flops, bytes=nbytes, attrs={})))
     run = replace(parallel, dtype=execs[0].dtype if execs else parallel.dtype)
     tasks = contended_tasks(
         scaled, lambda t: analytic_duration_us(t, hw, run), lambda t: task_utilisation(t, hw, run)
