@@ -24,7 +24,13 @@ core is the exception: a mean, see below).
   beside a longer All-to-All, a small All-to-All beside a much longer GEMM (the
   comm thread's wait for a core, ``comm_wait_beside_compute_us``), and a large
   All-to-All beside a longer GEMM and a longer copy → ``sm_share_lost``,
-  ``comm_hbm_share``, ``comm_slowdown_per_compute``, ``comm_slowdown_per_memory``.
+  ``comm_hbm_share``, ``comm_slowdown_per_compute``, ``comm_slowdown_per_memory``;
+- the *reference kernel* (``reference_tasks``: a GEMM, an All-to-All and a copy in a
+  chain, about 2 ms) and its time now → ``reference``. A shared machine's speed drifts
+  (other work, clock changes) by up to 2x over seconds; measured profiling times this
+  same chain right before and after every repeat of a pair and scales the pair's time by
+  ``reference.us / reference now``, so measurements taken at any moment compare with
+  figures calibrated at another.
 
 The result is written as a hardware JSON file (``calibration_cache.calibration_path``) and
 loaded with ``load_hardware``. Calibrating takes a minute or two and runs only when asked:
@@ -64,6 +70,16 @@ def _copy(name: str, nbytes: int, order: int = 0) -> ExecTask:
 
 def _a2a(name: str, nbytes: int, order: int = 0) -> ExecTask:
     return ExecTask(name, "all_to_all", "comm", order, bytes=nbytes)
+
+
+def reference_tasks(spec: dict[str, object]) -> list[ExecTask]:
+    """The reference kernel a calibration names in its ``reference`` block: a GEMM, then an
+    All-to-All, then a copy, each waiting for the one before (the kinds of work pairs run)."""
+    n, nbytes, copy_bytes = int(spec["gemm_n"]), int(spec["a2a_bytes"]), int(spec["copy_bytes"])  # type: ignore[call-overload]
+    gemm = _gemm("ref.gemm", n, "fp32")
+    a2a = ExecTask("ref.a2a", "all_to_all", "comm", 0, (gemm.name,), bytes=nbytes)
+    copy = ExecTask("ref.copy", "copy", "compute", 1, (a2a.name,), bytes=copy_bytes)
+    return [gemm, a2a, copy]
 
 
 def _task_time(ex: PairExecutor, tasks: list[ExecTask], name: str, repeats: int, statistic: str) -> float:
@@ -214,6 +230,15 @@ def calibrate(executor: PairExecutor, quick: bool = False, statistic: str = "med
     beside = wait_reading([_a2a("a", a2a_bytes), _copy("c", copy_cover)], repeats)
     comm_slowdown_per_memory = max(0.0, (beside - comm_wait_us) / a2a_alone - 1.0)
 
+    # The reference kernel: ~1 ms GEMM, ~0.5 ms All-to-All, ~0.5 ms copy.
+    reference: dict[str, object] = {
+        "gemm_n": max(16, int(n_gemm * (1000.0 / gemm_alone) ** (1 / 3))),
+        "a2a_bytes": max(4 << 10, int(500e-6 * a2a_gbps * 1e9)),
+        "copy_bytes": max(64 << 10, int(copy_bytes * 500.0 / copy_alone)),
+    }
+    ref = executor.measure(reference_tasks(reference), repeats=3 * repeats, warmup=1)
+    reference["us"] = ref.min_us if statistic == "min" else ref.median_us
+
     try:
         memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     except (ValueError, OSError, AttributeError):
@@ -242,6 +267,8 @@ def calibrate(executor: PairExecutor, quick: bool = False, statistic: str = "med
         # Fixed cost of starting a pair in the executor (thread wake-up, barrier exit skew);
         # the profile pass adds it to the predicted cost of every pair on this device.
         "pair_overhead_us": pair_overhead_us,
+        # The chain measured profiling times beside every pair to follow the machine's speed.
+        "reference": reference,
         # The executor runs every compute task as a GEMM (plus copies), so every
         # kind reaches the measured GEMM throughput.
         "efficiency": {op.value: 1.0 for op in TaskOp},
