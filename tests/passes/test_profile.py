@@ -282,7 +282,7 @@ def counting(monkeypatch, tmp_path):
     data = json.loads((HARDWARE_DIR / "h100.json").read_text())
     data["name"] = "cpu"
     data["peak_tflops"]["fp32"] = 0.1
-    reference: dict[str, Any] = {"gemm_n": 16, "a2a_bytes": 4096, "copy_bytes": 65536}
+    reference: dict[str, Any] = {"gemm_n": 16, "copy_bytes": 65536}
     tasks = reference_tasks(reference)
     reference["us"] = 10.0 + sum(t.flops for t in tasks) / 1e6 + sum(t.bytes for t in tasks) / 1e6
     data["reference"] = reference
