@@ -52,7 +52,7 @@ sanitize: $(STAMP)
 	$(BIN)/python tests/program_gen.py $(SANITIZE_DIR)/plans
 	$(SANITIZE_DIR)/runtime_selftest $(SANITIZE_DIR)/plans/*.tsb
 	# libstdc++ is preloaded beside libasan so its exception interceptors resolve in python.
-	ASAN_OPTIONS=detect_leaks=0 LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-name=libstdc++.so)" \
+	ASAN_OPTIONS=detect_leaks=0:hard_rss_limit_mb=6000 LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-name=libstdc++.so)" \
 	  TESSERA_RUNTIME_EXTENSION=$$(ls $(abspath $(SANITIZE_DIR))/_core*.so) \
 	  $(BIN)/pytest -q -p no:cacheprovider tests/runtime --ignore=tests/runtime/test_pair_executor.py
 
@@ -66,7 +66,9 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_capture.py
+	$(BIN)/python bench/bench_families.py
 	$(BIN)/python bench/bench_ir_text.py
+	$(BIN)/python bench/bench_parse.py
 	$(BIN)/python bench/bench_pair_schedule.py
 	$(BIN)/python bench/bench_partition.py
 	$(BIN)/python bench/bench_cost_model.py

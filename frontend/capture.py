@@ -19,16 +19,19 @@ A layer without a mixer or an FFN omits those tasks; the chain stays connected.
 from __future__ import annotations
 
 import re
+import warnings
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
 
 from frontend import costs
-from frontend.errors import CaptureError, ParallelMismatchError
+from frontend.errors import CaptureError, CaptureWarning, LayerKindError, ParallelMismatchError
+from frontend.layer_kinds import declared_layer_types, layer_kinds_table, parse_layer_kind_flags
 from frontend.recognizers import Block
 from frontend.sources import load_source
-from frontend.trace import LayerTrace, capture_stack
+from frontend.trace import LayerTrace, StackTrace, capture_stack
 from tessera_ir.kinds import MIXER_OPS, WEIGHTED_OPS, FfnKind, LayerRole, MixerKind, Phase, TaskOp, resource_of
 from tessera_ir.model import Layer, Module, Task
 from tessera_ir.parallel import ParallelConfig
@@ -73,8 +76,13 @@ def _mixer_work(block: Block, shape: list[int], p: ParallelConfig) -> costs.Work
             core.rerun_in_backward()
         work = work.merge(core)
     elif block.kind is MixerKind.LINEAR_ATTENTION:
-        work = work.merge(costs.delta_rule_core(batch, seq, block.v_heads, block.head_dim_qk, block.head_dim_v,
-                                                block.chunk, p.tp, p.cp))
+        if block.core == "delta_rule":
+            work = work.merge(costs.delta_rule_core(batch, seq, block.v_heads, block.head_dim_qk, block.head_dim_v,
+                                                    block.chunk, p.tp, p.cp))
+        elif block.core == "linear":
+            work = work.merge(costs.linear_attention_core(batch, seq, block.v_heads, block.head_dim_qk,
+                                                          block.head_dim_v, block.chunk, p.tp, p.cp))
+        # core "conv": a short-conv mixer, whose only sequence mixing is the convolution below
         work = work.merge(costs.depthwise_conv_core(tokens, block.conv_channels, block.conv_kernel, p.tp))
     elif block.kind is MixerKind.SSM:
         work = work.merge(costs.selective_scan_core(tokens, block.d_inner, block.d_state, p.tp))
@@ -301,18 +309,110 @@ def _parallel(settings: dict[str, Any], parallel: ParallelConfig | None, overrid
     return base.replace(**(overrides or {}))
 
 
+def _mixer_blocks(trace: LayerTrace) -> list[Block]:
+    return [call.block for call in trace.blocks if call.block.role == "mixer"]
+
+
+def _check_layer_kinds(kinds: dict[int, MixerKind], traces: list[LayerTrace]) -> None:
+    for index in sorted(kinds):
+        if index >= len(traces):
+            raise LayerKindError(f"layer kind set for layer {index}, but the model has {len(traces)} decoder layers "
+                                 f"(0-{len(traces) - 1})")
+        mixers = _mixer_blocks(traces[index])
+        if len(mixers) != 1:
+            what = "no mixer block" if not mixers else f"{len(mixers)} mixer blocks ({', '.join(b.path for b in mixers)})"
+            raise LayerKindError(f"layer kind set for layer {index} ('{traces[index].path}'), which has {what}; "
+                                 f"a layer kind applies to a layer with exactly one mixer")
+
+
+def _kind_warnings(traces: list[LayerTrace], config: Any, kinds: dict[int, MixerKind]) -> dict[int, list[str]]:
+    """Per layer: the blocks' own warnings, and where the config's declared layer type disagrees with the kind."""
+    declared = declared_layer_types(config, len(traces))
+    notes: dict[int, list[str]] = {}
+    for trace, stated in zip(traces, declared):
+        mixers = _mixer_blocks(trace)
+        found = [b.warning for b in mixers if b.warning]
+        if stated is not None and trace.index not in kinds and len(mixers) <= 1:
+            kind = mixers[0].kind if mixers and isinstance(mixers[0].kind, MixerKind) else MixerKind.NONE
+            if kind not in stated.kinds:
+                suggestion = stated.suggestion()
+                if mixers:
+                    block = mixers[0]
+                    how = "what it does" if block.source == "behaviour" else f"its {block.source}"
+                    window = f", with a {block.window}-token window from its settings" if block.window else ""
+                    said = (f"'{block.path}' ({type(block.module).__name__}) {block.evidence}{window}, so it is "
+                            f"{kind.value} (from {how})")
+                else:
+                    said = "the layer has no mixer block"
+                fix = (f"; if the config is right, set --layer-kind {trace.index}={suggestion.value}"
+                       if mixers and suggestion is not MixerKind.NONE else "")
+                found.append(f"layer {trace.index}: the config declares {stated.field} = '{stated.text}', but {said}; "
+                             f"counted as {kind.value}{fix}")
+        if found:
+            notes[trace.index] = found
+    return notes
+
+
+def _ranges(indexes: list[int]) -> str:
+    parts: list[str] = []
+    for i in indexes:
+        if parts and parts[-1].split("-")[-1] == str(i - 1):
+            parts[-1] = f"{parts[-1].split('-')[0]}-{i}"
+        else:
+            parts.append(str(i))
+    return ", ".join(parts)
+
+
+def _grouped(notes: dict[int, list[str]]) -> list[str]:
+    """The layers' warnings, those that differ only in the layer index said once for all their layers."""
+    groups: dict[str, list[int]] = {}
+    originals: dict[str, str] = {}
+    for index in sorted(notes):
+        for note in notes[index]:
+            template = re.sub(rf"^layer {index}:", "layer N:", note)
+            for pattern, repl in ((rf"\.{index}\.", ".N."), (rf"--layer-kind {index}=", "--layer-kind N="),
+                                  (rf"\[{index}\]", "[N]")):
+                template = re.sub(pattern, repl, template)
+            groups.setdefault(template, []).append(index)
+            originals.setdefault(template, note)
+    return [originals[t] if len(layers) == 1 else f"layers {_ranges(layers)} ({len(layers)} layers): "
+            + t.removeprefix("layer N: ") for t, layers in groups.items()]
+
+
+def _layer_kind_overrides(loaded_kinds: dict[int, MixerKind],
+                          layer_kinds: Mapping[int, MixerKind | str] | Iterable[str] | None) -> dict[int, MixerKind]:
+    kinds = dict(loaded_kinds)
+    if isinstance(layer_kinds, Mapping):
+        kinds.update(layer_kinds_table(layer_kinds, "layer_kinds"))
+    elif layer_kinds is not None:
+        kinds.update(parse_layer_kind_flags(layer_kinds))
+    return kinds
+
+
 def capture(source: str | nn.Module, parallel: ParallelConfig | None = None, overrides: dict | None = None,
-            name: str | None = None) -> Module:
+            name: str | None = None,
+            layer_kinds: Mapping[int, MixerKind | str] | Iterable[str] | None = None) -> Module:
     """Capture ``source`` into a Tessera IR module.
 
     Parallel settings, lowest precedence first: ParallelConfig defaults, the
     suggested settings of a matching shipped workload, ``PARALLEL`` in a
     model.py, then ``overrides`` (None values ignored). An explicit
     ``parallel`` replaces the first three.
+
+    ``layer_kinds`` sets the mixer kind of layers, over what recognition finds and
+    over ``LAYER_KINDS`` in a model.py: ``{3: "linear_attention"}`` or command-line
+    style strings ``["3=linear_attention", "0-2=ssm"]``. Where a kind is a best guess,
+    or the config's declared layer types disagree with what a block does, a
+    ``CaptureWarning`` says so and the layer's IR attributes record it.
     """
     loaded = load_source(source)
     p = _parallel(loaded.parallel, parallel, overrides, loaded.name)
-    stack = capture_stack(loaded.model, p.micro_batch_size, p.seq_len, loaded.config)
+    kinds = _layer_kind_overrides(loaded.layer_kinds, layer_kinds)
+    stack = capture_stack(loaded.model, p.micro_batch_size, p.seq_len, loaded.config, layer_kinds=kinds)
+    _check_layer_kinds(kinds, stack.layers)
+    notes = _kind_warnings(stack.layers, loaded.config, kinds)
+    for note in _grouped(notes):
+        warnings.warn(note, CaptureWarning, stacklevel=2)
     _validate(p, stack.layers)
     works = [_layer_work(t, p) for t in stack.layers]
 
@@ -320,7 +420,7 @@ def capture(source: str | nn.Module, parallel: ParallelConfig | None = None, ove
     tokens = p.tokens // p.cp  # of a micro-batch on one context-parallel rank
     hidden = stack.layers[0].input_shape[-1]
     embed_module = stack.embed
-    vocab = int(getattr(embed_module, "num_embeddings", None) or embed_module.weight.shape[0])  # type: ignore[index]
+    vocab = int(getattr(embed_module, "num_embeddings", None) or embed_module.get_parameter("weight").shape[0])
     embed_params = sum(q.numel() for q in embed_module.parameters())
 
     module = Module(_symbol(name or loaded.name))
@@ -348,6 +448,11 @@ def capture(source: str | nn.Module, parallel: ParallelConfig | None = None, ove
                       attrs={"parameters": lw.params})
         if len(lw.mixers) > 1:
             layer.attrs["mixers"] = list(lw.mixers)  # type: ignore[assignment]
+        sources = {b.source for b in _mixer_blocks(trace)} & {"override", "structure"}
+        if sources:
+            layer.attrs["mixer_source"] = sorted(sources)[0]
+        if trace.index in notes:
+            layer.attrs["mixer_warnings"] = list(notes[trace.index])  # type: ignore[assignment]
         outputs[layer.name] = emitter.forward(layer, lw, outputs[trace.producer])
         decoder.append(layer)
     module.layers.extend(decoder)
@@ -377,15 +482,23 @@ def capture(source: str | nn.Module, parallel: ParallelConfig | None = None, ove
     return module
 
 
-def _head(model: nn.Module, stack: Any, vocab: int) -> tuple[str, int]:
-    """The output projection's path and the head's weights (final norm + projection)."""
-    norm_params = sum(q.numel() for q in stack.norm.parameters()) if stack.norm is not None else 0
+def _head(model: nn.Module, stack: StackTrace, vocab: int) -> tuple[str, int]:
+    """The output projection's path and the head's weights: the final norm, every other weight of the
+    stack's owner outside the embedding and the layers (a final hyper-connection mix, say), and the
+    projection (also when it shares the embedding's weight: the last pipeline stage holds a copy)."""
+    inside = {id(q) for q in stack.embed.parameters()}
+    inside.update(id(q) for t in stack.layers for q in t.module.parameters())
+    owner = stack.owner if stack.owner is not None else stack.norm
+    rest = {id(q): q.numel() for q in (owner.parameters() if owner is not None else []) if id(q) not in inside}
     get_out = getattr(model, "get_output_embeddings", None)
     projection = get_out() if callable(get_out) else None
-    if projection is None:
-        candidates = [m for m in model.modules() if isinstance(m, nn.Linear) and m.out_features == vocab]
+    if projection is None:  # a vocabulary-wide Linear beside the stack or at the top, never inside another tower
+        near = list(model.children()) + (list(owner.children()) if owner is not None else [])
+        candidates = [m for m in near if isinstance(m, nn.Linear) and m.out_features == vocab]
         projection = candidates[-1] if candidates else None
     if projection is None:
-        return stack.norm_path or "", norm_params
+        return stack.norm_path or "", sum(rest.values())
     path = next((n for n, m in model.named_modules() if m is projection), "")
-    return path, norm_params + sum(q.numel() for q in projection.parameters())
+    for q in projection.parameters():
+        rest[id(q)] = q.numel()
+    return path, sum(rest.values())

@@ -246,6 +246,30 @@ def delta_rule_core(batch: int, seq: int, v_heads: int, d_k: int, d_v: int, chun
     return Work(core_flops=flops, core_bwd_flops=2 * flops, core_elements=elements, saved=saved)
 
 
+def linear_attention_core(batch: int, seq: int, heads: int, d_k: int, d_v: int, chunk: int, tp: int = 1,
+                          cp: int = 1) -> Work:
+    """Chunked linear attention with a decayed ``d_k x d_v`` state (lightning attention, retention, GLA).
+
+    Per head and chunk of C tokens: intra-chunk ``Q K^T`` (2C^2 d_k) and its
+    product with V (2C^2 d_v), the inter-chunk read ``Q S`` (2C d_k d_v) and
+    the state update ``K^T V`` (2C d_k d_v); decays are elementwise and not
+    counted. Per chunk ``2C^2(d_k + d_v) + 4C d_k d_v``, ``ceil(S/(C*CP))`` chunks per
+    sequence and context-parallel rank and ``B * heads/TP`` head instances; ``C = 1`` is
+    the token-by-token recurrence, ``C = S`` the parallel (quadratic) form. Elements read
+    and written: q, k, v and output per token and head ``(2 d_k + 2 d_v)``; backward (2x)
+    also keeps one state per chunk.
+    """
+    h = _split(heads, tp)
+    local = -(-seq // cp)  # tokens of a sequence on one context-parallel rank
+    chunk = min(chunk, local)
+    chunks = -(-local // chunk)
+    per_chunk = 2 * chunk * chunk * (d_k + d_v) + 4 * chunk * d_k * d_v
+    elements = batch * seq // cp * h * (2 * d_k + 2 * d_v)
+    saved = elements + batch * h * chunks * d_k * d_v
+    flops = batch * h * chunks * per_chunk
+    return Work(core_flops=flops, core_bwd_flops=2 * flops, core_elements=elements, saved=saved)
+
+
 def selective_scan_core(tokens: int, d_inner: int, d_state: int, tp: int = 1) -> Work:
     """Mamba selective scan: about 9 FLOPs per token, channel and state element.
 

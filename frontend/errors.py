@@ -34,12 +34,19 @@ class UnknownModelTypeError(SourceError):
 
 
 class UnrecognisedLayerError(FrontendError):
-    def __init__(self, path: str, class_name: str, detail: str = ""):
+    def __init__(self, path: str, class_name: str, detail: str = "", layer: int | None = None):
+        self.path, self.class_name, self.detail = path, class_name, detail
         extra = f" ({detail})" if detail else ""
+        override = (f", or, if it is a mixer, set its kind with --layer-kind {layer}=KIND (LAYER_KINDS in model.py)"
+                    if layer is not None else "")
         super().__init__(
             f"unrecognised layer '{path}' of class {class_name}{extra}; teach the frontend its structure with "
-            f"frontend.recognizers.register_recognizer(fn) where fn(module, ctx) returns a Block or None"
+            f"frontend.recognizers.register_recognizer(fn) where fn(module, ctx) returns a Block or None{override}"
         )
+
+
+class LayerKindError(FrontendError):
+    """A layer-kind override (--layer-kind, LAYER_KINDS) that cannot be applied."""
 
 
 class CaptureError(FrontendError):
@@ -48,3 +55,10 @@ class CaptureError(FrontendError):
 
 class ParallelMismatchError(FrontendError):
     """Parallel settings that the captured model cannot honour."""
+
+
+class CaptureWarning(UserWarning):
+    """Capture went on with a best guess, or found the model's config contradicting what a block does.
+
+    Each warning is one line naming the layer, the module and both answers, and how to override.
+    """

@@ -3,8 +3,13 @@
 A recogniser looks at a module's children and parameters (not at its class
 name) and returns a ``Block`` describing it, or ``None``. The tracer keeps every
 recognised block as a leaf of the traced graph, and the cost model reads the
-block's numbers. A new model family built from known pieces needs nothing
-here; a genuinely new piece needs one recogniser::
+block's numbers. A mixer's kind is then confirmed by what the block does on
+meta tensors (``frontend.mixers``): the built-in recognisers find blocks and
+read their sizes, but a q/k/v/o block that runs a recurrence is linear
+attention whatever its names say. A registered recogniser is trusted (with a
+warning when the block's behaviour contradicts it). A new model family built
+from known pieces needs nothing here; a genuinely new piece needs one
+recogniser::
 
     from frontend.recognizers import Block, register_recognizer
 
@@ -61,7 +66,7 @@ class Block:
     head_dim_qk: int = 0
     head_dim_v: int = 0
     window: int | None = None
-    # linear attention (gated delta rule) and ssm
+    # linear attention and ssm
     k_heads: int = 0
     v_heads: int = 0
     chunk: int = 64
@@ -69,6 +74,7 @@ class Block:
     conv_kernel: int = 0
     d_inner: int = 0
     d_state: int = 0
+    core: str = "delta_rule"  # linear attention's core: "delta_rule", "linear" (decayed kv state) or "conv" only
     # moe
     num_experts: int = 0
     top_k: int = 0
@@ -78,10 +84,16 @@ class Block:
     expert_params: int = 0  # all expert parameters (all experts, biases included)
     shared_linears: list[tuple[int, int]] = field(default_factory=list)
     shared_params: int = 0
+    # how a mixer's kind was decided: "behaviour" (what it does on meta tensors), "structure" (its
+    # recogniser alone, behaviour inconclusive), "recogniser" (a registered recogniser, trusted) or "override"
+    source: str = "structure"
+    evidence: str = ""  # what running it showed
+    warning: str = ""  # set when the kind is a best guess or contradicts what the block does
 
 
 Recognizer = Callable[[nn.Module, RecognizeContext], "Block | None"]
 _REGISTRY: list[tuple[str, Recognizer]] = []
+_BUILT_IN: set[Recognizer] = set()
 
 
 def register_recognizer(fn: Recognizer, name: str | None = None, first: bool = False) -> Recognizer:
@@ -107,6 +119,8 @@ def recognize(module: nn.Module, ctx: RecognizeContext) -> Block | None:
     for _, fn in _REGISTRY:
         block = fn(module, ctx)
         if block is not None:
+            if fn not in _BUILT_IN:
+                block.source = "recogniser"  # the user said what this block is
             return block
     return None
 
@@ -114,11 +128,11 @@ def recognize(module: nn.Module, ctx: RecognizeContext) -> Block | None:
 # ---------------------------------------------------------------- helpers
 
 
-def _numel(module: nn.Module) -> int:
+def param_count(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def _linears(module: nn.Module) -> list[tuple[int, int]]:
+def linear_shapes(module: nn.Module) -> list[tuple[int, int]]:
     return [(m.in_features, m.out_features) for m in module.modules() if isinstance(m, nn.Linear)]
 
 
@@ -130,19 +144,26 @@ def _child_linear(module: nn.Module, *names: str) -> nn.Linear | None:
     return None
 
 
-def _attr(objs: list[Any], *names: str) -> Any:
-    """The first of ``names`` set (not None) on any of ``objs``, in order."""
+def first_attr(objs: list[Any], *names: str) -> Any:
+    """The first of ``names`` set (not None) on any of ``objs``, in order.
+
+    A config may refuse to answer (a per-layer attribute read globally raises its own error):
+    that counts as not set, so the module's own attribute or another name is used.
+    """
     for obj in objs:
         if obj is None:
             continue
         for name in names:
-            value = getattr(obj, name, None)
+            try:
+                value = getattr(obj, name, None)
+            except Exception:  # noqa: BLE001 - any refusal means "not set here"
+                value = None
             if value is not None and not isinstance(value, (nn.Module, torch.Tensor)):
                 return value
     return None
 
 
-def _config_of(module: nn.Module, ctx: RecognizeContext) -> Any:
+def config_of(module: nn.Module, ctx: RecognizeContext) -> Any:
     return getattr(module, "config", None) or ctx.config
 
 
@@ -205,27 +226,27 @@ def moe(module: nn.Module, ctx: RecognizeContext) -> Block | None:
     if not any(hidden in m for m in matrices):
         return None  # the "router" does not read the experts' input: not a router
     router = module._modules.get(router_name) if router_name in module._modules else None
-    config = _config_of(module, ctx)
-    top_k = _attr([module, router, experts, config], "top_k", "num_experts_per_tok", "topk", "moe_topk")
+    config = config_of(module, ctx)
+    top_k = first_attr([module, router, experts, config], "top_k", "num_experts_per_tok", "topk", "moe_topk")
     # A block with a router and experts is MoE even when its top-k is unset (some default
     # configs leave it None); capture reports that with a fix instead of failing to recognise it.
     top_k = int(top_k or 0)
     shared = [c for n, c in module.named_children() if n not in (experts_name, router_name)]
-    router_params = router_weight.numel() + (_numel(router) - router_weight.numel() if router is not None else 0)
+    router_params = router_weight.numel() + (param_count(router) - router_weight.numel() if router is not None else 0)
     return Block(
         "ffn",
         FfnKind.MOE,
         ctx.path,
         module,
-        params=_numel(module),
+        params=param_count(module),
         num_experts=num_experts,
         top_k=top_k,
         hidden=hidden,
         router_params=router_params,
         expert_matrices=matrices,
-        expert_params=_numel(experts),
-        shared_linears=[lin for c in shared for lin in _linears(c)],
-        shared_params=sum(_numel(c) for c in shared),
+        expert_params=param_count(experts),
+        shared_linears=[lin for c in shared for lin in linear_shapes(c)],
+        shared_params=sum(param_count(c) for c in shared),
     )
 
 
@@ -234,13 +255,13 @@ def mla(module: nn.Module, ctx: RecognizeContext) -> Block | None:
     names = list(module._modules)
     if not any(n.startswith("kv_a_proj") for n in names) or "kv_b_proj" not in names:
         return None
-    config = _config_of(module, ctx)
-    heads = _attr([module, config], "num_heads", "num_attention_heads")
-    qk = _attr([module, config], "qk_head_dim")
+    config = config_of(module, ctx)
+    heads = first_attr([module, config], "num_heads", "num_attention_heads")
+    qk = first_attr([module, config], "qk_head_dim")
     if qk is None:
-        qk = (_attr([module, config], "qk_nope_head_dim") or 0) + (_attr([module, config], "qk_rope_head_dim") or 0)
-    v = _attr([module, config], "v_head_dim")
-    return Block("mixer", MixerKind.MLA, ctx.path, module, params=_numel(module), linears=_linears(module),
+        qk = (first_attr([module, config], "qk_nope_head_dim") or 0) + (first_attr([module, config], "qk_rope_head_dim") or 0)
+    v = first_attr([module, config], "v_head_dim")
+    return Block("mixer", MixerKind.MLA, ctx.path, module, params=param_count(module), linears=linear_shapes(module),
                  heads=int(heads), kv_heads=int(heads), head_dim_qk=int(qk), head_dim_v=int(v))
 
 
@@ -252,13 +273,13 @@ def linear_attention(module: nn.Module, ctx: RecognizeContext) -> Block | None:
     fused_qkv = [n for n in module._modules if n.startswith("in_proj_") and {"q", "k", "v"} <= set(n[len("in_proj_"):])]
     if not fused_qkv:
         return None
-    config = _config_of(module, ctx)
-    v_heads = _attr([module, config], "num_v_heads", "linear_num_value_heads")
-    k_heads = _attr([module, config], "num_k_heads", "linear_num_key_heads") or v_heads
-    dk = _attr([module, config], "head_k_dim", "linear_key_head_dim")
-    dv = _attr([module, config], "head_v_dim", "linear_value_head_dim")
-    chunk = _attr([module], "chunk_size") or 64
-    return Block("mixer", MixerKind.LINEAR_ATTENTION, ctx.path, module, params=_numel(module), linears=_linears(module),
+    config = config_of(module, ctx)
+    v_heads = first_attr([module, config], "num_v_heads", "linear_num_value_heads")
+    k_heads = first_attr([module, config], "num_k_heads", "linear_num_key_heads") or v_heads
+    dk = first_attr([module, config], "head_k_dim", "linear_key_head_dim")
+    dv = first_attr([module, config], "head_v_dim", "linear_value_head_dim")
+    chunk = first_attr([module], "chunk_size") or 64
+    return Block("mixer", MixerKind.LINEAR_ATTENTION, ctx.path, module, params=param_count(module), linears=linear_shapes(module),
                  heads=int(v_heads), k_heads=int(k_heads), v_heads=int(v_heads), head_dim_qk=int(dk),
                  head_dim_v=int(dv), chunk=int(chunk), conv_channels=conv.out_channels,
                  conv_kernel=int(conv.kernel_size[0]))
@@ -272,10 +293,10 @@ def ssm(module: nn.Module, ctx: RecognizeContext) -> Block | None:
         return None
     if "dt_proj" not in module._modules and not hasattr(module, "dt_bias"):
         return None
-    d_inner = _attr([module], "intermediate_size", "d_inner") or int(a_log.shape[0])
-    d_state = _attr([module], "ssm_state_size", "d_state") or (int(a_log.shape[-1]) if a_log.dim() == 2 else 1)
-    heads = _attr([module], "num_heads") or 0  # Mamba-1 has no heads: TP splits channels instead
-    return Block("mixer", MixerKind.SSM, ctx.path, module, params=_numel(module), linears=_linears(module),
+    d_inner = first_attr([module], "intermediate_size", "d_inner") or int(a_log.shape[0])
+    d_state = first_attr([module], "ssm_state_size", "d_state") or (int(a_log.shape[-1]) if a_log.dim() == 2 else 1)
+    heads = first_attr([module], "num_heads") or 0  # Mamba-1 has no heads: TP splits channels instead
+    return Block("mixer", MixerKind.SSM, ctx.path, module, params=param_count(module), linears=linear_shapes(module),
                  heads=int(heads), d_inner=int(d_inner), d_state=int(d_state), conv_channels=conv.out_channels,
                  conv_kernel=int(conv.kernel_size[0]))
 
@@ -292,32 +313,46 @@ def attention(module: nn.Module, ctx: RecognizeContext) -> Block | None:
     out = _child_linear(module, "o_proj", "out_proj", "dense", "wo", "c_proj")
     if out is None or not ((q is not None and kv) or fused is not None):
         return None
-    config = _config_of(module, ctx)
-    head_dim = _attr([module, config], "head_dim")
-    heads = _attr([module, config], "num_heads", "num_attention_heads", "n_head")
+    config = config_of(module, ctx)
+    head_dim = first_attr([module, config], "head_dim")
+    heads = first_attr([module, config], "num_heads", "num_attention_heads", "n_head")
     if heads is None and head_dim:
         heads = out.in_features // head_dim
-    if head_dim is None:
+    if head_dim is None and heads:
         head_dim = out.in_features // heads
-    kv_heads = _attr([module, config], "num_key_value_heads", "num_kv_heads") or heads
+    heads, head_dim = heads or 0, head_dim or 0  # unknown: sized from what the block does
+    kv_heads = first_attr([module, config], "num_key_value_heads", "num_kv_heads") or heads
+    window = attention_window(module, config)
+    kind = MixerKind.SLIDING_ATTENTION if window else MixerKind.ATTENTION
+    return Block("mixer", kind, ctx.path, module, params=param_count(module), linears=linear_shapes(module), heads=int(heads),
+                 kv_heads=int(kv_heads), head_dim_qk=int(head_dim), head_dim_v=int(head_dim), window=window)
+
+
+def attention_window(module: nn.Module, config: Any) -> int | None:
+    """The sliding window of a softmax-attention block, or None for the full causal context.
+
+    A module that says ``is_sliding = False`` has none; a ``sliding_window`` set on
+    the module wins (it is set per layer: None on the full-attention layers of a
+    mixed stack); a module without the attribute takes the config's (one window
+    for every layer, Mistral style).
+    """
     window: Any
+    if getattr(module, "is_sliding", None) is False:
+        return None  # a full-attention layer of a mixed stack that keeps the config's window around
     if hasattr(module, "sliding_window"):
-        window = module.sliding_window  # set per layer: None on the full-attention layers of a mixed stack
+        window = module.sliding_window
     elif config is not None and getattr(config, "use_sliding_window", True) is not False:
-        window = getattr(config, "sliding_window", None)  # one window for every layer (Mistral style)
+        window = getattr(config, "sliding_window", None)
     else:
         window = None
-    window = int(window) if isinstance(window, int) and not isinstance(window, bool) and window > 0 else None
-    kind = MixerKind.SLIDING_ATTENTION if window else MixerKind.ATTENTION
-    return Block("mixer", kind, ctx.path, module, params=_numel(module), linears=_linears(module), heads=int(heads),
-                 kv_heads=int(kv_heads), head_dim_qk=int(head_dim), head_dim_v=int(head_dim), window=window)
+    return int(window) if isinstance(window, int) and not isinstance(window, bool) and window > 0 else None
 
 
 def dense(module: nn.Module, ctx: RecognizeContext) -> Block | None:
     """A gated or plain MLP: an up (and/or gate) projection and a down projection."""
     if not _is_mlp(module):
         return None
-    return Block("ffn", FfnKind.DENSE, ctx.path, module, params=_numel(module), linears=_linears(module))
+    return Block("ffn", FfnKind.DENSE, ctx.path, module, params=param_count(module), linears=linear_shapes(module))
 
 
 def norm(module: nn.Module, ctx: RecognizeContext) -> Block | None:
@@ -325,7 +360,7 @@ def norm(module: nn.Module, ctx: RecognizeContext) -> Block | None:
     params = list(module.parameters())
     if next(module.children(), None) is not None or not params or any(p.dim() > 1 for p in params):
         return None
-    return Block("norm", None, ctx.path, module, params=_numel(module))
+    return Block("norm", None, ctx.path, module, params=param_count(module))
 
 
 def glue(module: nn.Module, ctx: RecognizeContext) -> Block | None:
@@ -337,3 +372,4 @@ def glue(module: nn.Module, ctx: RecognizeContext) -> Block | None:
 
 for _fn in (mla, linear_attention, ssm, attention, moe, dense, norm, glue):
     register_recognizer(_fn)
+    _BUILT_IN.add(_fn)

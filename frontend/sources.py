@@ -2,8 +2,8 @@
 
 Sources: ``hf:<model_type>`` (transformers' default config for that type),
 a path to an HF ``config.json`` (or a folder holding one), a path to a
-``model.py`` defining ``build_model()`` (and optionally ``PARALLEL`` and
-``NAME``), or an ``nn.Module``.
+``model.py`` defining ``build_model()`` (and optionally ``PARALLEL``,
+``NAME`` and ``LAYER_KINDS``), or an ``nn.Module``.
 
 The shipped reference workloads (``frontend/workloads``) carry suggested
 parallel settings: an HF config with the same model type, layer count and
@@ -16,6 +16,7 @@ import importlib.util
 import json
 import os
 import sys
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ import torch
 from torch import nn
 
 from frontend.errors import ConfigFileError, MissingBuildModelError, SourceError, UnknownModelTypeError
+from frontend.layer_kinds import layer_kinds_table
+from tessera_ir.kinds import MixerKind
 
 WORKLOADS_DIR = Path(__file__).resolve().parent / "workloads"
 _KNOWN_EXAMPLES = ["qwen3_next", "qwen3_moe", "deepseek_v3", "mixtral", "gpt_oss", "olmoe", "qwen2_moe", "jamba"]
@@ -35,6 +38,7 @@ class LoadedSource:
     name: str
     config: Any = None  # the HF config, when the source had one
     parallel: dict[str, Any] = field(default_factory=dict)  # parallel settings from the source
+    layer_kinds: dict[int, MixerKind] = field(default_factory=dict)  # LAYER_KINDS of a model.py
 
 
 def workload_configs() -> dict[str, dict[str, Any]]:
@@ -114,16 +118,44 @@ def _load_model_py(path: Path) -> LoadedSource:
         spec.loader.exec_module(module)
     except Exception as exc:  # noqa: BLE001 - any error in the user's file is reported as a source error
         del sys.modules[module_name]
-        raise SourceError(f"{path}: importing it failed ({type(exc).__name__}: {exc}); fix the file") from exc
+        raise SourceError(f"{_user_line(path, exc)}: importing it failed ({_spelled(exc)}); fix the file") from exc
     build = getattr(module, "build_model", None)
     if not callable(build):
         raise MissingBuildModelError(str(path))
-    model = build()
+    try:
+        model = build()
+    except Exception as exc:  # noqa: BLE001 - the user's code failed, not Tessera: say where
+        raise SourceError(
+            f"{_user_line(path, exc)}: build_model() raised {_spelled(exc)}; fix the model file "
+            "(--debug shows the whole traceback)"
+        ) from exc
     if not isinstance(model, nn.Module):
         raise SourceError(f"{path}: build_model() returned {type(model).__name__}, not a torch.nn.Module")
     name = getattr(module, "NAME", None) or path.stem
-    parallel = dict(getattr(module, "PARALLEL", {}) or {})
-    return LoadedSource(model, str(name), getattr(model, "config", None), parallel)
+    declared = getattr(module, "PARALLEL", None)
+    if declared is None:
+        declared = {}
+    if not isinstance(declared, dict) or not all(isinstance(key, str) for key in declared):
+        raise SourceError(
+            f"{path}: PARALLEL must be a dict of settings such as {{'pp': 2, 'ep': 4}}, not a {type(declared).__name__}"
+        )
+    kinds = layer_kinds_table(getattr(module, "LAYER_KINDS", None), str(path))
+    return LoadedSource(model, str(name), getattr(model, "config", None), dict(declared), kinds)
+
+
+def _user_line(path: Path, exc: BaseException) -> str:
+    """``path:line`` of the innermost frame of the user's file that the exception passed through."""
+    if isinstance(exc, SyntaxError) and exc.lineno is not None and exc.filename is not None:
+        if Path(exc.filename).resolve() == path.resolve():
+            return f"{path}:{exc.lineno}"
+    target = path.resolve()
+    lines = [frame.lineno for frame in traceback.extract_tb(exc.__traceback__) if Path(frame.filename).resolve() == target]
+    return f"{path}:{lines[-1]}" if lines else str(path)
+
+
+def _spelled(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def load_source(source: str | nn.Module | os.PathLike[str]) -> LoadedSource:

@@ -1,14 +1,23 @@
 """Two-level torch.fx capture of a decoder stack, with shapes from meta tensors.
 
 Level 1 traces the module that owns the decoder stack (the longest
-``nn.ModuleList`` of weighted blocks) with every decoder layer, the embedding,
-the rotary table and the final norm as leaves. Its graph gives the layer
-order and which producer feeds each layer's hidden state.
+``nn.ModuleList`` of weighted blocks beside the largest token embedding) with
+every decoder layer, the embedding, the rotary table and the final norm as
+leaves. Its graph gives the layer order and which producer feeds each layer's
+hidden state.
 
 Level 2 traces each decoder layer with its recognised blocks (mixers, MoE,
 dense MLPs, norms) as leaves. Data-dependent routing and shape-dependent
 recurrent loops live inside those leaves, so fx never sees them. Layers with
-the same structure share one trace.
+the same structure share one trace. A weighted child that no recogniser knows
+and that fx cannot trace through becomes an opaque leaf as well; running it on
+meta tensors (``frontend.behaviour``) then says whether it is a mixer.
+
+Both levels may branch on shapes, ranks, dtypes and config values (multimodal
+position ids tested with ``position_ids.ndim == 3``, ``*x.shape[:-1]``
+unpacked into a view, a loop over ``range(x.shape[1] // chunk)``): the tracer
+evaluates the tested value on the meta sample inputs and follows the branch
+the real run takes at these shapes. A branch on tensor data stays an error.
 
 Helper functions of the model's own Python module (mask builders, cache
 helpers, output classes' factories) are auto-wrapped: they appear as opaque
@@ -22,11 +31,12 @@ never executed: routing on meta tensors has no data to route by).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import operator
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -35,18 +45,88 @@ import torch
 import torch.fx as fx
 from torch import nn
 
+from frontend.behaviour import Behaviour, call_on_meta, observe
 from frontend.errors import CaptureError, UnrecognisedLayerError
+from frontend.mixers import identify_mixer
 from frontend.recognizers import Block, RecognizeContext, recognize
+from tessera_ir.kinds import MixerKind
 
 # Optional arguments HF-style forwards accept; fixed so cache branches vanish from the trace.
 _FIXED_KWARGS = {"use_cache": False, "output_attentions": False, "output_hidden_states": False, "return_dict": False}
 _MAX_LAYER_INPUTS = 8
 
 
-class _Tracer(fx.Tracer):
-    """An fx tracer with a leaf predicate and the model's own helper functions auto-wrapped."""
+# fx patches nn.Module.__call__ and wrapped functions while it traces; evaluating a node for real
+# must step outside those patches (a private helper of fx, present since torch 2.1).
+_patches_reverted: Callable[[], contextlib.AbstractContextManager[None]] = getattr(
+    fx._symbolic_trace, "_maybe_revert_all_patches", contextlib.nullcontext)
 
-    def __init__(self, is_leaf: Callable[[nn.Module, str], bool], wrap_modules: list[ModuleType]):
+
+class _Residual:
+    """A leaf block's output while tracing: shaped like its hidden input, which is also element 0 of a tuple."""
+
+    def __init__(self, hidden: torch.Tensor):
+        self.hidden = hidden
+
+
+def _unwrap_residuals(value: Any) -> Any:
+    return fx.node.map_aggregate(value, lambda v: v.hidden if isinstance(v, _Residual) else v)
+
+
+LeafValue = Callable[[fx.Node, tuple[Any, ...], dict[str, Any]], Any]
+
+
+# Tensor attributes that are constants of a trace at given shapes: read from the meta value, so that
+# ``x.type(h.dtype)`` or ``torch.zeros(..., device=h.device)`` see real dtypes and devices.
+_CONCRETE_ATTRIBUTES = frozenset({"dtype", "device", "is_cuda", "is_meta", "is_floating_point"})
+
+
+class _Concrete:
+    """Answers ``len()``, integer conversion, dtype and device from the meta value of the proxy's node."""
+
+    node: fx.Node
+    tracer: Any
+
+    def __getattr__(self, k: str) -> Any:
+        tracer = self.tracer
+        if k in _CONCRETE_ATTRIBUTES and isinstance(tracer, _Tracer):
+            value = tracer.meta_value(self.node)
+            if isinstance(value, torch.Tensor):
+                return getattr(value, k)
+        return _MetaAttribute(self, k)  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        if not isinstance(self.tracer, _Tracer):
+            raise RuntimeError("'len' is not supported in symbolic tracing by default")
+        return len(self.tracer.concrete(self.node, "len()"))
+
+    def __index__(self) -> int:
+        value = self.tracer.concrete(self.node, "an integer") if isinstance(self.tracer, _Tracer) else None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise fx.proxy.TraceError("symbolically traced variables cannot be used as integers")
+        return value
+
+
+class _MetaProxy(_Concrete, fx.Proxy):
+    """The proxies of a ``_Tracer``."""
+
+
+class _MetaAttribute(_Concrete, fx.proxy.Attribute):
+    """An attribute of a proxy (``x.shape``), which answers ``len(x.shape)`` as well."""
+
+
+class _Tracer(fx.Tracer):
+    """An fx tracer with a leaf predicate, the model's own helper functions auto-wrapped, and concrete control flow.
+
+    Control flow that depends only on shapes, dtypes or ranks (``if position_ids.ndim == 3``,
+    ``for chunk in range(x.shape[1] // 64)``, ``(*x.shape[:-1], -1)``) is decided during tracing:
+    the node it tests is evaluated on the meta sample inputs (leaf blocks produce their hidden
+    input's shape, as in ``_run_meta``) and the branch taken is the one the real run takes at these
+    shapes. A test of tensor *data* has no meta value and stays a trace error.
+    """
+
+    def __init__(self, is_leaf: Callable[[nn.Module, str], bool], wrap_modules: list[ModuleType],
+                 samples: list[Any] | None = None, leaf_value: LeafValue | None = None):
         functions = [
             value
             for module in wrap_modules
@@ -59,6 +139,9 @@ class _Tracer(fx.Tracer):
         self._autowrap_search.extend(wrap_modules)
         self._is_leaf = is_leaf
         self.inside: list[tuple[str, nn.Module]] = []
+        self._samples = list(samples or [])
+        self._leaf_value = leaf_value
+        self._values: dict[fx.Node, Any] = {}
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         return self._is_leaf(m, module_qualified_name)
@@ -72,6 +155,60 @@ class _Tracer(fx.Tracer):
         result = super().call_module(m, forward, args, kwargs)
         self.inside.pop()
         return result
+
+    def proxy(self, node: fx.Node) -> fx.Proxy:
+        return _MetaProxy(node, self)
+
+    def meta_value(self, node: fx.Node) -> Any:
+        """The value ``node`` has at the sample shapes (None when it cannot be computed on meta)."""
+        with _patches_reverted():  # modules run for real here, not through fx's tracing hooks
+            self._evaluate_up_to(node)
+        value = self._values.get(node)
+        return value.hidden if isinstance(value, _Residual) else value
+
+    def concrete(self, node: fx.Node, use: str) -> Any:
+        """The value ``node`` has at the sample shapes, for control flow; a TraceError when it depends on data."""
+        value = self.meta_value(node)
+        reads_shape_only = use in ("len()", "iteration")
+        if value is None or (isinstance(value, torch.Tensor) and not reads_shape_only):
+            why = "depends on tensor data, not only on shapes" if value is not None else \
+                "could not be computed from the shapes on meta tensors"
+            raise fx.proxy.TraceError(
+                f"symbolically traced variables cannot be used as inputs to control flow ({use} of "
+                f"'{node.format_node()}' {why})")
+        return value
+
+    def _evaluate_up_to(self, node: fx.Node) -> None:
+        position = 0
+        for n in node.graph.nodes:
+            if n.op == "placeholder":
+                if n not in self._values:
+                    self._values[n] = self._samples[position] if position < len(self._samples) else None
+                position += 1
+            elif n not in self._values:
+                args = fx.node.map_arg(n.args, lambda a: self._values.get(a))
+                kwargs = fx.node.map_arg(n.kwargs, lambda a: self._values.get(a))
+                value: Any = NotImplemented
+                if n.op == "call_module" and self._leaf_value is not None:
+                    value = self._leaf_value(n, _unwrap_residuals(args), _unwrap_residuals(kwargs))
+                if value is NotImplemented:
+                    value = _evaluate(n, args, kwargs, self.root)
+                self._values[n] = value
+            if n is node:
+                break
+
+    def to_bool(self, obj: fx.Proxy) -> bool:
+        return bool(self.concrete(obj.node, "the truth value"))
+
+    def iter(self, obj: fx.Proxy) -> Iterator[Any]:
+        value = self.concrete(obj.node, "iteration")
+        return iter([obj[i] for i in range(len(value))])  # type: ignore[index]  # Proxy.__getitem__ is generated
+
+    def keys(self, obj: fx.Proxy) -> Any:
+        value = self.concrete(obj.node, "the keys")
+        if isinstance(value, dict):
+            return list(value.keys())
+        return super().keys(obj)
 
 
 def _view_with_forward(module: nn.Module, forward: Callable[..., Any]) -> nn.Module:
@@ -118,13 +255,17 @@ class StackTrace:
     norm_path: str | None
     level1_nodes: int
     level2_traces: int
+    owner: nn.Module | None = None  # the module whose forward runs the stack
 
 
 def find_decoder_stack(model: nn.Module) -> tuple[str, nn.ModuleList]:
     """The decoder layers: the longest outermost ModuleList whose entries all own weights.
 
     Outermost, so that a ModuleList of experts inside a layer (which can be
-    longer than the stack) never wins.
+    longer than the stack) never wins. Stacks whose owner embeds the largest
+    vocabulary (an ``nn.Embedding`` beside the list) come first, so that the
+    language model of a multimodal model wins over a deeper vision tower (whose
+    embedding, if any, is a small position table).
     """
     lists = [
         (name, module)
@@ -139,7 +280,18 @@ def find_decoder_stack(model: nn.Module) -> tuple[str, nn.ModuleList]:
             f"{type(model).__name__}: found no decoder stack (an nn.ModuleList of layers); keep the layers in an "
             f"nn.ModuleList attribute such as self.layers"
         )
-    return max(outermost, key=lambda item: len(item[1]))
+
+    def vocabulary(path: str) -> int:
+        owner = _owner_of(model, path)[1]
+        return max((c.num_embeddings for c in owner.children() if isinstance(c, nn.Embedding)), default=0)
+
+    return max(outermost, key=lambda item: (vocabulary(item[0]), len(item[1])))
+
+
+def _type_named_in(exc: Exception) -> str:
+    """``x.y.Z`` out of fx's "argument of type: <class 'x.y.Z'>"."""
+    text = str(exc)
+    return text.split("'")[1] if text.count("'") >= 2 else text
 
 
 def _owner_of(model: nn.Module, stack_path: str) -> tuple[str, nn.Module]:
@@ -154,7 +306,7 @@ def _first_tensor_node(node: fx.Node) -> fx.Node | None:
     return None
 
 
-def _producer_module(node: fx.Node) -> fx.Node | None:
+def _producer_module(node: fx.Node | None) -> fx.Node | None:
     """Walk back through glue (getitem, views, adds of one stream) to the call_module that made a value."""
     seen: fx.Node | None = node
     while seen is not None and seen.op != "call_module":
@@ -191,9 +343,7 @@ def _run_meta(graph: fx.Graph, root: nn.Module, inputs: list[Any],
     """Propagate meta tensors through ``graph``.
 
     ``leaf(node, args, kwargs)`` returns the value of a call_module node, or
-    ``NotImplemented`` to execute the module itself on meta. Glue that cannot
-    run on meta (mask builders given no real mask) yields None: nothing we
-    count depends on it.
+    ``NotImplemented`` to execute the module itself on meta.
     """
     env: dict[fx.Node, Any] = {}
     placeholders = iter(inputs)
@@ -210,33 +360,34 @@ def _run_meta(graph: fx.Graph, root: nn.Module, inputs: list[Any],
         if node.op == "call_module":
             value = leaf(node, args, kwargs)  # errors from recognition propagate
         if value is NotImplemented:
-            try:
-                if node.op == "get_attr":
-                    value = root
-                    for part in str(node.target).split("."):
-                        value = getattr(value, part)
-                    if isinstance(value, torch.Tensor):
-                        value = torch.empty_like(value, device="meta")
-                elif node.op == "call_module":
-                    value = _call_on_meta(root.get_submodule(str(node.target)), args, kwargs)
-                elif node.op == "call_function":
-                    value = node.target(*args, **kwargs)
-                else:
-                    value = getattr(args[0], str(node.target))(*args[1:], **kwargs)
-            except Exception:  # noqa: BLE001 - see docstring: glue that cannot run on meta carries no counted shape
-                value = None
+            value = _evaluate(node, args, kwargs, root)
         env[node] = value
     return env
 
 
-def _call_on_meta(module: nn.Module, args: Any, kwargs: Any) -> Any:
-    """Run a glue module on meta tensors, its weights swapped for meta stand-ins if they are real."""
-    state: dict[str, torch.Tensor] = dict(module.named_parameters())
-    state.update(module.named_buffers())
-    if all(t.is_meta for t in state.values()):
-        return module(*args, **kwargs)
-    meta_state = {name: torch.empty_like(t, device="meta") for name, t in state.items()}
-    return torch.func.functional_call(module, meta_state, tuple(args), dict(kwargs))
+def _evaluate(node: fx.Node, args: Any, kwargs: Any, root: nn.Module) -> Any:
+    """One glue node on meta values. Glue that cannot run on meta (mask builders given no real mask)
+    yields None: nothing we count depends on it."""
+    if node.op == "call_function" and node.target is operator.getitem and isinstance(args[0], _Residual):
+        return args[0].hidden if args[1] == 0 else None
+    args, kwargs = _unwrap_residuals(args), _unwrap_residuals(kwargs)
+    try:
+        if node.op == "get_attr":
+            value: Any = root
+            for part in str(node.target).split("."):
+                value = getattr(value, part)
+            if isinstance(value, torch.Tensor):
+                value = torch.empty_like(value, device="meta")
+            return value
+        if node.op == "call_module":
+            return call_on_meta(root.get_submodule(str(node.target)), args, kwargs)
+        if node.op == "call_function":
+            return node.target(*args, **kwargs)  # type: ignore[operator]
+        if node.op == "call_method":
+            return getattr(args[0], str(node.target))(*args[1:], **kwargs)
+    except Exception:  # noqa: BLE001 - see the docstring
+        return None
+    return None
 
 
 def _norm_output(module: nn.Module, node: fx.Node, args: Any, kwargs: Any, config: Any) -> Any:
@@ -278,13 +429,64 @@ def _layer_signature(layer: nn.Module, arg_spec: tuple[Any, ...]) -> tuple[Any, 
     return (type(layer), children, flags, arg_spec)
 
 
-def capture_stack(model: nn.Module, batch: int, seq_len: int, config: Any = None, reuse: bool = True) -> StackTrace:
-    """Trace ``model``'s decoder stack; ``reuse=False`` traces every layer afresh (for measuring)."""
+def _value_spec(value: Any) -> Any:
+    """A hashable stand-in for an argument: tensors by shape and dtype, other values as themselves."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), str(value.dtype))
+    if isinstance(value, (list, tuple)):
+        return tuple(_value_spec(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((str(k), _value_spec(v)) for k, v in value.items()))
+    return value if _hashable(value) else type(value).__name__
+
+
+def _block_signature(module: nn.Module, args: Any, kwargs: Any) -> tuple[Any, ...]:
+    """Blocks with equal signatures do the same thing on the same shapes: one observation serves them all."""
+    tensors = [(name, tuple(t.shape)) for name, t in module.named_parameters()]
+    tensors += [(name, tuple(t.shape)) for name, t in module.named_buffers()]
+    flags = tuple(sorted((k, v) for k, v in vars(module).items()
+                         if not k.startswith("_") and isinstance(v, (str, bool, type(None)))))
+    return (type(module), tuple(tensors), flags, _value_spec(args), _value_spec(kwargs))
+
+
+@dataclass
+class _LayerGraph:
+    graph: fx.Graph
+    # Weighted children no recogniser matched, kept opaque; mixers if running them shows sequence mixing.
+    candidates: dict[str, UnrecognisedLayerError]
+
+
+@dataclass
+class _Capture:
+    """Settings and caches shared by the layers of one capture."""
+
+    config: Any
+    batch: int
+    seq_len: int
+    reuse: bool
+    layer_kinds: dict[int, MixerKind]
+    graphs: dict[tuple[Any, ...], _LayerGraph] = field(default_factory=dict)
+    behaviours: dict[tuple[Any, ...], Behaviour] = field(default_factory=dict)
+
+    def observe(self, module: nn.Module, args: Any, kwargs: Any) -> Behaviour:
+        key = _block_signature(module, args, kwargs)
+        if key not in self.behaviours:
+            self.behaviours[key] = observe(module, tuple(args), dict(kwargs), self.batch, self.seq_len)
+        return self.behaviours[key]
+
+
+def capture_stack(model: nn.Module, batch: int, seq_len: int, config: Any = None, reuse: bool = True,
+                  layer_kinds: dict[int, MixerKind] | None = None) -> StackTrace:
+    """Trace ``model``'s decoder stack; ``reuse=False`` traces every layer afresh (for measuring).
+
+    ``layer_kinds`` sets the mixer kind of layers by index (the user's override of recognition).
+    """
     stack_path, stack = find_decoder_stack(model)
     owner_path, owner = _owner_of(model, stack_path)
     prefix = f"{owner_path}." if owner_path else ""
     local_stack = stack_path[len(prefix):]
     layer_targets = {f"{local_stack}.{i}": i for i in range(len(stack))}
+    cap = _Capture(config, batch, seq_len, reuse, dict(layer_kinds or {}))
 
     raw_forward = inspect.unwrap(type(owner).forward)
     params = inspect.signature(raw_forward).parameters
@@ -298,8 +500,39 @@ def capture_stack(model: nn.Module, batch: int, seq_len: int, config: Any = None
         # Everything is a leaf except containers on the way to the decoder layers.
         return not (local_stack == qualname or local_stack.startswith(qualname + "."))
 
-    tracer = _Tracer(level1_leaf, _module_of(raw_forward))
-    graph = tracer.trace(_view_with_forward(owner, stack_forward))
+    def level1_value(node: fx.Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        # While tracing: decoder layers and norms keep their hidden input's shape; the rest runs on meta.
+        x = _first_tensor(list(args) + list(kwargs.values()))
+        if x is None:
+            return NotImplemented
+        if node.target in layer_targets:
+            return _Residual(x)
+        block = recognize(owner.get_submodule(str(node.target)), RecognizeContext(str(node.target), config))
+        return _Residual(x) if block is not None and block.role == "norm" else NotImplemented
+
+    ids = torch.zeros((batch, seq_len), dtype=torch.long, device="meta")
+    tracer = _Tracer(level1_leaf, _module_of(raw_forward), samples=[ids], leaf_value=level1_value)
+    try:
+        graph = tracer.trace(_view_with_forward(owner, stack_forward))
+    except fx.proxy.TraceError as exc:
+        cls = type(owner)
+        raise CaptureError(
+            f"cannot trace the decoder stack in {cls.__module__}.{cls.__qualname__}.forward: {exc}; the stack may "
+            f"branch on shapes, dtypes and config values, but a branch on tensor data belongs inside a layer "
+            f"or block") from exc
+    except NotImplementedError as exc:  # fx refusing to record an argument it has no form for
+        cls = type(owner)
+        raise CaptureError(
+            f"cannot trace the decoder stack in {cls.__module__}.{cls.__qualname__}.forward: torch.fx cannot record "
+            f"its layers' argument of type {_type_named_in(exc)} "
+            f"(state shared across layers); Tessera plans stacks whose layers exchange tensors only") from exc
+    except (TypeError, AttributeError, ValueError, RuntimeError, KeyError, IndexError) as exc:
+        # The stack's own Python failed under tracing (or a library refused a traced argument).
+        cls = type(owner)
+        lines = str(exc).strip().splitlines()
+        raise CaptureError(
+            f"cannot trace the decoder stack in {cls.__module__}.{cls.__qualname__}.forward: "
+            f"{type(exc).__name__}: {lines[0][:200] if lines else ''}; rerun with --debug for where it failed") from exc
 
     layer_nodes = [n for n in graph.nodes if n.op == "call_module" and n.target in layer_targets]
     if not layer_nodes:
@@ -308,7 +541,7 @@ def capture_stack(model: nn.Module, batch: int, seq_len: int, config: Any = None
     first_hidden = _producer_module(first_input) if isinstance(first_input, fx.Node) else None
     if first_hidden is None or first_hidden.op != "call_module":
         raise CaptureError(f"the input of '{prefix}{layer_nodes[0].target}' does not come from an embedding module")
-    embed_target = first_hidden.target
+    embed_target = str(first_hidden.target)
     # The final norm: the first module applied to the last layer's output.
     norm_target = None
     last = layer_nodes[-1]
@@ -320,7 +553,6 @@ def capture_stack(model: nn.Module, batch: int, seq_len: int, config: Any = None
             break
         frontier.extend(user.users)
 
-    cache: dict[tuple[Any, ...], fx.Graph] = {}
     layers: dict[fx.Node, LayerTrace] = {}
     node_names = {n: f"l{layer_targets[n.target]}" for n in layer_nodes}
     node_names[first_hidden] = "embed"
@@ -337,11 +569,10 @@ def capture_stack(model: nn.Module, batch: int, seq_len: int, config: Any = None
         if producer_name is None:
             raise CaptureError(f"cannot tell which layer feeds '{prefix}{node.target}' in the traced graph")
         trace = LayerTrace(index, f"{prefix}{node.target}", layer, producer_name)
-        out = _capture_layer(trace, layer, node, args, kwargs, cache if reuse else {}, config)
+        out = _capture_layer(trace, layer, node, args, kwargs, cap)
         layers[node] = trace
         return out
 
-    ids = torch.zeros((batch, seq_len), dtype=torch.long, device="meta")
     _run_meta(graph, owner, [ids], layer_leaf)
     ordered = [layers[n] for n in layer_nodes]
     for position, trace in enumerate(ordered):
@@ -359,22 +590,33 @@ def capture_stack(model: nn.Module, batch: int, seq_len: int, config: Any = None
         norm=owner.get_submodule(norm_target) if norm_target else None,
         norm_path=f"{prefix}{norm_target}" if norm_target else None,
         level1_nodes=len(graph.nodes),
-        level2_traces=len(cache) if reuse else len(ordered),
+        level2_traces=len(cap.graphs) if reuse else len(ordered),
+        owner=owner,
     )
 
 
+def _mixer(cap: _Capture, trace: LayerTrace, module: nn.Module, path: str, structural: Block | None,
+           args: Any, kwargs: Any, unrecognised: UnrecognisedLayerError | None = None) -> Block:
+    """What a mixer block (or an unrecognised weighted block) is, from what it does on meta tensors."""
+    behaviour = cap.observe(module, args, kwargs)
+    return identify_mixer(module, path, structural, behaviour, trace.index, cap.layer_kinds.get(trace.index),
+                          cap.config, unrecognised)
+
+
 def _capture_layer(trace: LayerTrace, layer: nn.Module, node: fx.Node, args: list[Any], kwargs: dict[str, Any],
-                   cache: dict[tuple[Any, ...], fx.Graph], config: Any) -> Any:
+                   cap: _Capture) -> Any:
     """Trace one decoder layer (or reuse the trace of a same-shaped layer) and propagate shapes."""
     spec: list[tuple[str, Any, Any]] = []  # (positional|keyword, index|name, value or a Node marker)
     inputs: list[Any] = []
+    # Arguments computed in the stack (tensors, or containers of them such as a dict of masks) become
+    # inputs of the layer's trace; constants are baked in.
     for i, (arg, value) in enumerate(zip(node.args, args)):
-        spec.append(("pos", i, _NODE if isinstance(arg, fx.Node) else arg))
-        if isinstance(arg, fx.Node):
+        spec.append(("pos", i, _NODE if _computed(arg) else arg))
+        if _computed(arg):
             inputs.append(value)
     for key, arg in node.kwargs.items():
-        spec.append(("kw", key, _NODE if isinstance(arg, fx.Node) else arg))
-        if isinstance(arg, fx.Node):
+        spec.append(("kw", key, _NODE if _computed(arg) else arg))
+        if _computed(arg):
             inputs.append(kwargs[key])
     if len(inputs) > _MAX_LAYER_INPUTS:
         raise CaptureError(f"'{trace.path}' takes {len(inputs)} tensor inputs; at most {_MAX_LAYER_INPUTS} are supported")
@@ -382,41 +624,56 @@ def _capture_layer(trace: LayerTrace, layer: nn.Module, node: fx.Node, args: lis
     if hidden is None:
         raise CaptureError(f"'{trace.path}' receives no floating-point hidden state")
     trace.input_shape = list(hidden.shape)
-    whole = recognize(layer, RecognizeContext(trace.path, config))
+    whole = recognize(layer, RecognizeContext(trace.path, cap.config))
     if whole is not None and whole.role in ("mixer", "ffn"):
         # The layer is itself one block (say, a bare MoE): nothing inside it to trace.
+        if whole.role == "mixer":
+            whole = _mixer(cap, trace, layer, trace.path, whole, args, kwargs)
         trace.blocks.append(BlockCall(whole, list(hidden.shape)))
         trace.output_shape = list(hidden.shape)
         return _leaf_output(node, hidden)
 
     frozen_spec = tuple((kind, key, value if value is _NODE or _hashable(value) else id(value))
                         for kind, key, value in spec)
-    signature = _layer_signature(layer, frozen_spec)
-    graph = cache.get(signature)
-    if graph is None:
-        graph = _trace_layer(layer, spec, len(inputs), trace.path, config)
-        cache[signature] = graph
+    signature = _layer_signature(layer, frozen_spec + (_value_spec(inputs),))
+    layer_graph = cap.graphs.get(signature) if cap.reuse else None
+    if layer_graph is None:
+        layer_graph = _trace_layer(layer, spec, inputs, trace.path, cap.config)
+        cap.graphs[signature] = layer_graph
 
     def block_leaf(n: fx.Node, a: list[Any], kw: dict[str, Any]) -> Any:
-        module = layer.get_submodule(str(n.target))
-        block = recognize(module, RecognizeContext(f"{trace.path}.{n.target}", config))
-        if block is None or block.role == "glue":
+        target = str(n.target)
+        module = layer.get_submodule(target)
+        path = f"{trace.path}.{target}"
+        unrecognised = layer_graph.candidates.get(target)
+        block = recognize(module, RecognizeContext(path, cap.config))
+        if unrecognised is None and (block is None or block.role == "glue"):
             return NotImplemented
-        if block.role == "norm":
-            return _norm_output(module, n, a, kw, config)
+        if block is not None and block.role == "norm":
+            return _norm_output(module, n, a, kw, cap.config)
         x = _first_tensor(list(a) + list(kw.values()))
         if x is None:
-            raise CaptureError(f"block '{block.path}' receives no floating-point input")
+            raise CaptureError(f"block '{path}' receives no floating-point input")
+        if unrecognised is not None or (block is not None and block.role == "mixer"):
+            block = _mixer(cap, trace, module, path, block, a, kw, unrecognised)
+        assert block is not None
         trace.blocks.append(BlockCall(block, list(x.shape)))
         return _leaf_output(n, x)
 
-    env = _run_meta(graph, layer, inputs + [None] * (_MAX_LAYER_INPUTS - len(inputs)), block_leaf)
+    env = _run_meta(layer_graph.graph, layer, inputs + [None] * (_MAX_LAYER_INPUTS - len(inputs)), block_leaf)
     out = next(v for n, v in env.items() if n.op == "output")
     result = out[0] if isinstance(out, (tuple, list)) else out
     if not isinstance(result, torch.Tensor):
         raise CaptureError(f"'{trace.path}' produced no tensor in meta propagation")
     trace.output_shape = list(result.shape)
     return out
+
+
+def _computed(arg: Any) -> bool:
+    """Whether a graph argument holds a value computed in the graph (a Node, or a container of Nodes)."""
+    found: list[fx.Node] = []
+    fx.node.map_arg(arg, found.append)
+    return bool(found)
 
 
 class _NodeMarker:
@@ -435,7 +692,17 @@ def _hashable(value: Any) -> bool:
     return True
 
 
-def _trace_layer(layer: nn.Module, spec: list[tuple[str, Any, Any]], n_inputs: int, path: str, config: Any) -> fx.Graph:
+_TRACE_FAILURES = (fx.proxy.TraceError, TypeError, RuntimeError, ValueError, AttributeError, IndexError, KeyError)
+
+
+def _trace_layer(layer: nn.Module, spec: list[tuple[str, Any, Any]], inputs: list[Any], path: str,
+                 config: Any) -> _LayerGraph:
+    """Trace a decoder layer with its recognised blocks as leaves.
+
+    A weighted child that no recogniser matches and that fx cannot trace through
+    becomes an opaque candidate leaf and the layer is traced again; the
+    candidate is later run on meta tensors to learn whether it is a mixer.
+    """
     raw_forward = inspect.unwrap(type(layer).forward)
 
     def layer_forward(self: nn.Module, t0: Any = None, t1: Any = None, t2: Any = None, t3: Any = None,
@@ -453,24 +720,46 @@ def _trace_layer(layer: nn.Module, spec: list[tuple[str, Any, Any]], n_inputs: i
 
     # Recognise before tracing: while fx traces, module attribute access yields proxies.
     blocks = {id(m): recognize(m, RecognizeContext(f"{path}.{q}", config)) for q, m in layer.named_modules()}
+    candidates: dict[str, UnrecognisedLayerError] = {}
+    unused = {f"t{i}": None for i in range(len(inputs), _MAX_LAYER_INPUTS)}
+    samples = inputs + [None] * (_MAX_LAYER_INPUTS - len(inputs))
+    failed_leaf: list[str] = []  # the weighted leaf that stopped the last attempt
 
     def level2_leaf(m: nn.Module, qualname: str) -> bool:
-        if blocks.get(id(m)) is not None:
+        if blocks.get(id(m)) is not None or qualname in candidates:
             return True
         if next(m.children(), None) is None and next(m.parameters(), None) is not None:
             cls = type(m)
+            failed_leaf.append(qualname)
             raise UnrecognisedLayerError(f"{path}.{qualname}", f"{cls.__module__}.{cls.__qualname__}",
                                          "it owns weights but matches no recogniser")
         return False
 
-    tracer = _Tracer(level2_leaf, _module_of(raw_forward))
-    unused = {f"t{i}": None for i in range(n_inputs, _MAX_LAYER_INPUTS)}
-    try:
-        return tracer.trace(_view_with_forward(layer, layer_forward), concrete_args=unused)
-    except (fx.proxy.TraceError, TypeError, RuntimeError, ValueError, AttributeError) as exc:
-        # A block no recogniser matched was traced through and hit data-dependent Python.
-        qualname, module = tracer.inside[-1] if tracer.inside else ("", layer)
-        cls = type(module)
-        where = f"{path}.{qualname}" if qualname else path
-        raise UnrecognisedLayerError(where, f"{cls.__module__}.{cls.__qualname__}",
-                                     f"torch.fx could not trace through it: {exc}") from exc
+    def level2_value(n: fx.Node, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        block = blocks.get(id(layer.get_submodule(str(n.target))))
+        if str(n.target) not in candidates and (block is None or block.role == "glue"):
+            return NotImplemented
+        x = _first_tensor(list(args) + list(kwargs.values()))
+        return _Residual(x) if x is not None else NotImplemented
+
+    while True:
+        failed_leaf.clear()
+        tracer = _Tracer(level2_leaf, _module_of(raw_forward), samples=samples, leaf_value=level2_value)
+        try:
+            graph = tracer.trace(_view_with_forward(layer, layer_forward), concrete_args=unused)
+            return _LayerGraph(graph, candidates)
+        except UnrecognisedLayerError as exc:
+            error = exc
+        except _TRACE_FAILURES as exc:
+            # A block no recogniser matched was traced through and hit data-dependent Python.
+            qualname, module = tracer.inside[-1] if tracer.inside else ("", layer)
+            cls = type(module)
+            where = f"{path}.{qualname}" if qualname else path
+            error = UnrecognisedLayerError(where, f"{cls.__module__}.{cls.__qualname__}",
+                                           f"torch.fx could not trace through it: {exc}")
+            error.__cause__ = exc
+        # The outermost unrecognised child on the failing path becomes an opaque candidate.
+        top = tracer.inside[0][0] if tracer.inside else (failed_leaf[0] if failed_leaf else None)
+        if top is None or top in candidates:
+            raise error
+        candidates[top] = error

@@ -98,6 +98,7 @@ PASS_REGISTRY: dict[str, str] = {
     "overlap-schedule": "passes.overlap_schedule:OverlapSchedulePass",
     "profile": "passes.profile:ProfilePass",
     "partition": "passes.partition:PartitionPass",
+    "dbo-slots": "passes.dbo_slots:DboSlotsPass",
 }
 
 

@@ -5,11 +5,12 @@ The public Python API::
     import tessera
     module = tessera.compile("hf:qwen3_next", pp=8, vpp=2, ep=32)   # capture + planning passes
     print(tessera.report(module))
+    print(tessera.capacity(module, routing="zipf").render())          # simulated iterations, static and DBO
     tessera.save_ir(module, "qwen3_next.tir")
     module = tessera.load_ir("qwen3_next.tir")
 """
 
-from tessera.api import DEFAULT_PIPELINE, capture, compile, load_ir, report, run_passes, save_ir
+from tessera.api import DEFAULT_PIPELINE, capacity, capture, compile, load_ir, report, run_passes, save_ir
 
-__all__ = ["DEFAULT_PIPELINE", "capture", "compile", "load_ir", "report", "run_passes", "save_ir"]
+__all__ = ["DEFAULT_PIPELINE", "capacity", "capture", "compile", "load_ir", "report", "run_passes", "save_ir"]
 __version__ = "0.1.0"

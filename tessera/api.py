@@ -5,24 +5,31 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from passes.costs.hardware import CPU, DEFAULT_HARDWARE, Hardware, load_hardware
+from passes.costs.hardware import CPU, DEFAULT_HARDWARE, Hardware, allow_hardware_file, is_shipped_name, load_hardware
 from passes.manager import ModulePass, PassManager, parse_pipeline
-from tessera.io import write_atomic
+from tessera.io import read_text, write_atomic
 from tessera_ir import Module, print_module
 
+if TYPE_CHECKING:
+    from passes.simulation.capacity import CapacityReport
+    from passes.simulation.routing import RoutingKind
+
 # The planning pipeline `tessera-compile` runs after capture, in the order of
-# DESIGN.md (dbo-slots and pipeline come later).
-DEFAULT_PIPELINE = "candidates,overlap-schedule,profile,partition"
+# DESIGN.md (the per-rank programs come later).
+DEFAULT_PIPELINE = "candidates,overlap-schedule,profile,partition,dbo-slots"
 
 
-def capture(source: Any, **parallel: Any) -> Module:
-    """Capture a model (``hf:<type>``, a config.json path, a model.py path or an nn.Module) into IR."""
+def capture(source: Any, layer_kinds: Any = None, **parallel: Any) -> Module:
+    """Capture a model (``hf:<type>``, a config.json path, a model.py path or an nn.Module) into IR.
+
+    ``layer_kinds`` sets mixer kinds by layer: ``{3: "linear_attention"}`` or ``["3=linear_attention"]``.
+    """
     import frontend
 
     overrides = {k: v for k, v in parallel.items() if v is not None}
-    return frontend.capture(source, overrides=overrides)
+    return frontend.capture(source, overrides=overrides, layer_kinds=layer_kinds)
 
 
 def _announce_calibration(path: Path) -> None:
@@ -33,12 +40,15 @@ def _announce_calibration(path: Path) -> None:
 
 
 def resolve_hardware(hardware: str) -> Hardware:
-    """Load the target ``hardware`` (a shipped name or a path); ``cpu`` is calibrated first if it
+    """Load the target ``hardware`` (a shipped name or a path the caller gives, which is then
+    allowed as a target for the rest of the process); ``cpu`` is calibrated first if it
     never was, with a message on stderr (calibration runs only when ``cpu`` is asked for)."""
     if hardware == CPU:
         from passes.costs.calibrate_cpu import cpu_hardware
 
         return cpu_hardware(announce=_announce_calibration)
+    if not is_shipped_name(hardware):
+        allow_hardware_file(hardware)
     return load_hardware(hardware)
 
 
@@ -56,15 +66,19 @@ def run_passes(
 
 
 def compile(  # noqa: A001
-    source: Any, pipeline: str | None = None, verify: bool = True, hardware: str = DEFAULT_HARDWARE, **parallel: Any
+    source: Any, pipeline: str | None = None, verify: bool = True, hardware: str = DEFAULT_HARDWARE,
+    layer_kinds: Any = None, **parallel: Any
 ) -> Module:
-    """Capture ``source`` and plan it for ``hardware`` (``DEFAULT_PIPELINE`` unless given)."""
+    """Capture ``source`` and plan it for ``hardware`` (``DEFAULT_PIPELINE`` unless given).
+
+    ``layer_kinds`` sets mixer kinds by layer, as in ``capture``.
+    """
     from tessera_ir.verifier import verify as verify_module
 
     text = DEFAULT_PIPELINE if pipeline is None else pipeline
     passes = parse_pipeline(text) if text.strip() else []  # a bad pipeline fails before the capture
     resolve_hardware(hardware)
-    module = capture(source, **parallel)
+    module = capture(source, layer_kinds=layer_kinds, **parallel)
     module.attrs["hardware"] = hardware
     if verify:
         verify_module(module)
@@ -75,8 +89,7 @@ def compile(  # noqa: A001
 def load_ir(path: str | Path) -> Module:
     from tessera_ir.parser import parse_module
 
-    text = Path(path).read_text()
-    return parse_module(text, source=str(path))
+    return parse_module(read_text(path), source=str(path))
 
 
 def save_ir(module: Module, path: str | Path) -> None:
@@ -87,3 +100,19 @@ def report(module: Module) -> str:
     from tessera.report import render_report
 
     return render_report(module)
+
+
+def capacity(
+    module: Module, routing: RoutingKind = "balanced", iterations: int = 10, dp: int | None = None, **routing_options: Any
+) -> CapacityReport:
+    """Simulate a planned module's training iterations, with and without the DBO.
+
+    Returns a :class:`passes.simulation.capacity.CapacityReport` (``.render()`` for text,
+    ``.to_json()``); ``routing`` is balanced, zipf, drift or trace, ``routing_options`` the
+    :class:`passes.simulation.routing.RoutingSpec` fields (``zipf_s``, ``drift``, ``trace``, ``seed``).
+    """
+    from passes.plan_view import PlanView
+    from passes.simulation.capacity import plan_capacity
+    from passes.simulation.routing import RoutingSpec
+
+    return plan_capacity(PlanView(module), RoutingSpec(routing, **routing_options), iterations=iterations, dp=dp).report

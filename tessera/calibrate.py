@@ -13,24 +13,22 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from tessera.cli import _run_tool
+from tessera.driver import Run, run_tool, tool_parser
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="tessera-calibrate",
-        description="Measure the local CPU with micro-benchmarks and cache it as the 'cpu' hardware description.",
+    p = tool_parser(
+        "tessera-calibrate", "Measure the local CPU with micro-benchmarks and cache it as the 'cpu' hardware description."
     )
     p.add_argument("--refresh", action="store_true", help="measure again even when a calibration is cached")
     p.add_argument("--quick", action="store_true", help="fewer, smaller micro-benchmarks (a smoke run)")
     p.add_argument("--statistic", choices=["median", "min"], default="median",
                    help="reading of each micro-benchmark's repeats (match profile{statistic=...})")
     p.add_argument("--cache-dir", metavar="DIR", help="cache folder (default: $TESSERA_CACHE_DIR or ~/.cache/tessera)")
-    p.add_argument("--debug", action="store_true", help="show tracebacks")
     return p
 
 
-def _calibrate(args: argparse.Namespace) -> int:
+def _calibrate(args: argparse.Namespace, run: Run) -> int:
     from passes.costs.calibrate_cpu import cpu_hardware
     from passes.costs.calibration_cache import calibration_path
 
@@ -39,7 +37,7 @@ def _calibrate(args: argparse.Namespace) -> int:
 
     def announce(where: Path) -> None:
         measured.append(where)
-        print(f"tessera-calibrate: measuring the local CPU (a minute or two) into {where}", file=sys.stderr, flush=True)
+        run.note(f"measuring the local CPU (a minute or two) into {where}")
 
     hw = cpu_hardware(args.cache_dir, refresh=args.refresh, quick=args.quick, statistic=args.statistic, announce=announce)
     state = "calibrated" if measured else "already calibrated (--refresh measures again)"
@@ -52,7 +50,7 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return _run_tool("tessera-calibrate", argv, _calibrate, _parser())
+    return run_tool("tessera-calibrate", _parser(), _calibrate, argv)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,9 +1,9 @@
 """Command-line drivers: ``tessera-compile``, ``tessera-opt``, ``tessera-viz`` and ``tessera-dis``.
 
-Every user-facing failure is a ``TesseraError``: it is printed as one line
-(``tessera-compile: error: ...``) with exit status 1 and no traceback unless
-``--debug`` is given. Output files are written only after everything
-succeeded, each atomically, so a failed run leaves no partial file.
+Every tool runs on the shared driver (:mod:`tessera.driver`): a user-facing failure
+is one line (``tessera-compile: error: ...``) with exit status 1 and no traceback
+unless ``--debug`` is given; outputs are checked before the work starts and written
+only after everything succeeded, all together, so a failed run leaves no file.
 """
 
 from __future__ import annotations
@@ -12,18 +12,17 @@ import argparse
 import json
 import sys
 import time
-import traceback
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from passes.manager import PASS_REGISTRY, ModulePass, PassManager, get_pass_class
-from runtime.errors import PlanError
+from passes.simulation.routing import DEFAULT_ZIPF_S, ROUTING_KINDS, RoutingSpec
+from tessera.driver import EXIT_USER_ERROR, Run, run_tool, tool_parser
 from tessera_ir.errors import TesseraError
 from tessera_ir.model import Module
 from tessera_ir.printer import print_module
 
-EXIT_USER_ERROR = 1
-EXIT_INTERNAL_ERROR = 2
 
 def _recompute_modules(text: str) -> list[str]:
     """``--recompute`` value: a comma list of module names, or ``none``."""
@@ -55,38 +54,29 @@ PARALLEL_FLAGS: list[tuple[str, Callable[[str], object], str]] = [
 ]
 
 
-def _run_tool(tool: str, argv: Sequence[str] | None, body: Callable[[argparse.Namespace], int], parser: argparse.ArgumentParser) -> int:
-    args = parser.parse_args(argv)
-    try:
-        return body(args)
-    except (TesseraError, PlanError) as err:
-        if args.debug:
-            raise
-        print(f"{tool}: error: {err}", file=sys.stderr)
-        return EXIT_USER_ERROR
-    except KeyboardInterrupt:
-        print(f"{tool}: interrupted; no output written", file=sys.stderr)
-        return 130
-    except Exception as err:  # a bug in Tessera, not the user's input
-        if args.debug:
-            raise
-        where = traceback.extract_tb(err.__traceback__)[-1]
-        print(
-            f"{tool}: internal error: {type(err).__name__}: {err} (at {Path(where.filename).name}:{where.lineno}); "
-            "rerun with --debug for the full traceback",
-            file=sys.stderr,
+def _ir_output(run: Run, path: str | None, flag: str = "-o") -> str | None:
+    """Declare an output file for textual IR; bytecode does not exist yet."""
+    if path is None:
+        return None
+    if path.endswith(".tsb"):
+        raise TesseraError(
+            f"{flag} {path}: this version writes textual IR only; bytecode (.tsb) comes with the runtime; "
+            "write the plan as .tir"
         )
-        return EXIT_INTERNAL_ERROR
+    return run.output_file(path, flag)
 
 
-def _dump_callback(spec: str | None, dump_dir: str | None) -> Callable[[ModulePass, Module], None] | None:
+def _dump_callback(run: Run, spec: str | None, dump_dir: str | None) -> Callable[[ModulePass, Module], None] | None:
     """``--dump-after=all`` or a comma list of pass names: print the IR after those passes."""
     if not spec:
+        if dump_dir:
+            raise TesseraError("--dump-dir needs --dump-after (all or a comma list of passes)")
         return None
     wanted = None if spec == "all" else {s.strip() for s in spec.split(",")}
     if wanted:
         for name in wanted:
             get_pass_class(name)  # unknown names fail before any pass runs
+    folder = run.output_folder(dump_dir, "--dump-dir") if dump_dir else None
     counter = [0]
 
     def dump(p: ModulePass, module: Module) -> None:
@@ -94,10 +84,8 @@ def _dump_callback(spec: str | None, dump_dir: str | None) -> Callable[[ModulePa
         if wanted is not None and p.name not in wanted:
             return
         text = print_module(module)
-        if dump_dir:
-            from tessera.io import write_atomic
-
-            write_atomic(Path(dump_dir) / f"{counter[0]:02d}-{p.name}.tir", text)
+        if folder is not None:
+            run.write_now(folder, f"{counter[0]:02d}-{p.name}.tir", text)
         else:
             sys.stderr.write(f"// ----- IR dump after {p.spelling()} -----\n{text}")
 
@@ -129,9 +117,8 @@ def _hardware_flag(p: argparse.ArgumentParser, default: str | None, help_text: s
 
 
 def _compile_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="tessera-compile",
-        description="Capture a model with torch.fx, lower it to Tessera IR and run the planning passes.",
+    p = tool_parser(
+        "tessera-compile", "Capture a model with torch.fx, lower it to Tessera IR and run the planning passes."
     )
     p.add_argument("source", help="model.py with build_model(), hf:<model_type>, or a path to an HF config.json")
     p.add_argument("-o", "--output", help="output file ('-' for stdout)")
@@ -146,37 +133,106 @@ def _compile_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-verify", dest="verify", action="store_false", help="skip the verifier between passes")
     p.add_argument("--timing", action="store_true", help="print how long capture and each pass took")
     _hardware_flag(p, "h100", "target hardware the plan is for (default h100; cpu: this machine, calibrated once)")
-    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    p.add_argument("--layer-kind", action="append", default=[], metavar="INDEX=KIND",
+                   help="set the mixer kind of decoder layers, e.g. 3=linear_attention or 0-2,5=ssm (repeatable; "
+                   "overrides recognition and LAYER_KINDS in model.py)")
     group = p.add_argument_group("parallel settings (override PARALLEL in model.py and the workload defaults)")
     for flag, typ, help_text in PARALLEL_FLAGS:
         group.add_argument(flag, type=typ, default=None, help=help_text)
     group.add_argument("--distributed-optimizer", action=argparse.BooleanOptionalAction, default=None,
                        help="shard optimizer state over the data-parallel replicas (default: on, as public recipes do)")
+    cap = p.add_argument_group(
+        "capacity report (simulated training iterations of the plan, static and with the DBO; printed after "
+        "planning unless the IR goes to stdout)"
+    )
+    cap.add_argument("--report-json", metavar="PATH", help="write the capacity report as JSON")
+    cap.add_argument("--trace", metavar="PATH", help="write the first simulated iteration (with DBO) as a Perfetto/Chrome trace")
+    cap.add_argument("--timeline", metavar="PATH", help="write the first simulated iteration (with DBO) as a PNG timeline")
+    cap.add_argument("--iterations", type=int, default=10, help="iterations to simulate (default 10)")
+    cap.add_argument("--routing", choices=list(ROUTING_KINDS), default="balanced",
+                     help="expert routing: balanced, zipf (skewed), drift (skew wandering over iterations), trace (a file)")
+    cap.add_argument("--zipf-s", type=float, default=DEFAULT_ZIPF_S, help=f"zipf/drift popularity exponent (default {DEFAULT_ZIPF_S})")
+    cap.add_argument("--drift", type=float, default=0.05, help="drift: per-iteration step of log-popularity (default 0.05)")
+    cap.add_argument("--routing-trace", metavar="PATH", help="trace routing: JSON of per-iteration, per-layer expert counts")
+    cap.add_argument("--routing-seed", type=int, default=0, help="seed of the routing draws (default 0)")
+    cap.add_argument("--no-capacity", action="store_true", help="do not simulate the plan")
     return p
 
 
-def _compile(args: argparse.Namespace) -> int:
+def _routing_spec(args: argparse.Namespace) -> RoutingSpec:
+    if args.iterations < 1:
+        raise TesseraError(f"--iterations must be at least 1, got {args.iterations}")
+    if args.routing_trace and not Path(args.routing_trace).is_file():
+        raise TesseraError(f"--routing-trace {args.routing_trace}: no such file (a JSON of per-iteration, per-layer expert counts)")
+    return RoutingSpec(args.routing, seed=args.routing_seed, zipf_s=args.zipf_s, drift=args.drift, trace=args.routing_trace)
+
+
+def _capacity(args: argparse.Namespace, run: Run, module: Module, spec: RoutingSpec, files: dict[str, str]) -> str | None:
+    """Simulate the plan; give ``run`` the capacity report's files and return its text (None: not printed)."""
+    planned = bool(module.plan_ops("partition"))
+    if not planned:
+        if files:
+            raise TesseraError(f"{next(iter(files))} needs a planned module; run the planning pipeline (it ends with partition)")
+        return None
+    if args.no_capacity or (args.output == "-" and not files and not args.report):
+        return None
+    from passes.plan_view import PlanView
+    from passes.simulation.capacity import plan_capacity
+    from passes.simulation.trace import timeline_png, trace_json
+
+    result = plan_capacity(PlanView(module), spec, iterations=args.iterations, record=bool(args.trace or args.timeline))
+    title = f"{result.report.title} — {spec.describe()}, with DBO"
+    if "--report-json" in files:
+        run.add(files["--report-json"], result.report.to_json())
+    if "--trace" in files:
+        run.add(files["--trace"], trace_json(result.dynamic_first, title))
+    if "--timeline" in files:
+        run.add(files["--timeline"], timeline_png(result.dynamic_first, title))
+    return None if args.output == "-" else result.report.render()
+
+
+def _compile(args: argparse.Namespace, run: Run) -> int:
+    from frontend.errors import CaptureWarning
     from passes.manager import parse_pipeline
     from tessera.api import DEFAULT_PIPELINE, capture, resolve_hardware, run_passes
     from tessera_ir.summary import summarize
     from tessera_ir.verifier import verify
 
-    if not (args.output or args.summary_json or args.partition_json or args.report):
-        raise TesseraError("nothing to do: give -o FILE, --summary-json FILE, --partition-json FILE or --report")
-    if args.output and args.output.endswith(".tsb"):
+    if not (args.output or args.summary_json or args.partition_json or args.report or args.report_json or args.trace
+            or args.timeline):
         raise TesseraError(
-            f"-o {args.output}: this version emits textual IR only (--emit ir); bytecode (.tsb) comes with the "
-            "runtime; write the plan as .tir"
+            "nothing to do: give -o FILE, --summary-json FILE, --partition-json FILE, --report, --report-json FILE, "
+            "--trace FILE or --timeline FILE"
         )
+    output = _ir_output(run, args.output)
+    summary = run.output_file(args.summary_json, "--summary-json") if args.summary_json else None
+    partition = run.output_file(args.partition_json, "--partition-json") if args.partition_json else None
+    capacity_files = {
+        flag: run.output_file(path, flag)
+        for flag, path in (("--report-json", args.report_json), ("--trace", args.trace), ("--timeline", args.timeline))
+        if path
+    }
     pipeline = DEFAULT_PIPELINE if args.passes is None else ("" if args.passes == "none" else args.passes)
     passes = parse_pipeline(pipeline) if pipeline.strip() else []  # a bad pipeline fails before the capture
-    dump = _dump_callback(args.dump_after, args.dump_dir)
+    routing = _routing_spec(args)  # so do bad simulation settings
+    dump = _dump_callback(run, args.dump_after, args.dump_dir)
     names = [flag.lstrip("-").replace("-", "_") for flag, _, _ in PARALLEL_FLAGS] + ["distributed_optimizer"]
     parallel = {name: getattr(args, name) for name in names}
+    for flag, typ, _ in PARALLEL_FLAGS:  # bad sizes fail before the capture too
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if typ is int and value is not None and value < 1:
+            raise TesseraError(f"{flag} must be a positive integer, got {value}")
     resolve_hardware(args.hardware)  # so does a bad --hardware; cpu is calibrated here if it never was
 
     start = time.perf_counter()
-    module = capture(args.source, **parallel)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CaptureWarning)
+        module = capture(args.source, layer_kinds=args.layer_kind, **parallel)
+    for warning in caught:
+        if issubclass(warning.category, CaptureWarning):
+            run.note(f"warning: {warning.message}")
+        else:
+            warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
     module.attrs["hardware"] = args.hardware  # the target every pass, the report and viz read
     capture_s = time.perf_counter() - start
     start = time.perf_counter()
@@ -186,43 +242,38 @@ def _compile(args: argparse.Namespace) -> int:
     manager = run_passes(module, passes, verify=args.verify, dump_after=dump)
 
     # Render everything before writing anything, so a failure leaves no output at all.
-    outputs: list[tuple[str, str]] = []
-    if args.output:
-        outputs.append((args.output, print_module(module)))
-    if args.summary_json:
-        outputs.append((args.summary_json, json.dumps(summarize(module), indent=2) + "\n"))
-    if args.partition_json:
+    if output:
+        run.add(output, print_module(module))
+    if summary:
+        run.add(summary, json.dumps(summarize(module), indent=2) + "\n")
+    if partition:
         from passes.partition import partition_to_json
 
-        outputs.append((args.partition_json, json.dumps(partition_to_json(module), indent=2) + "\n"))
+        run.add(partition, json.dumps(partition_to_json(module), indent=2) + "\n")
     report_text = None
     if args.report:
         from tessera.report import render_report
 
         report_text = render_report(module)
-    from tessera.io import write_atomic
-
-    for path, text in outputs:
-        write_atomic(path, text)
-    if report_text is not None:
-        print(report_text)
+    capacity_text = _capacity(args, run, module, routing, capacity_files)
+    run.commit()
+    printed = [text for text in (report_text, capacity_text) if text is not None]
+    if printed:
+        print("\n\n".join(printed))
     if args.timing:
         _print_timing(manager.timings, [("capture", capture_s), ("verify input", verify_s)])
     return 0
 
 
 def compile_main(argv: Sequence[str] | None = None) -> int:
-    return _run_tool("tessera-compile", argv, _compile, _compile_parser())
+    return run_tool("tessera-compile", _compile_parser(), _compile, argv)
 
 
 # ---------------------------------------------------------------- tessera-opt
 
 
 def _opt_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="tessera-opt",
-        description="Run passes on textual Tessera IR and print the result.",
-    )
+    p = tool_parser("tessera-opt", "Run passes on textual Tessera IR and print the result.")
     p.add_argument("input", nargs="?", default="-", help="input .tir file ('-' or nothing for stdin)")
     p.add_argument("--passes", default="", help="comma-separated pass pipeline, e.g. 'verify' or 'a,b{opt=v}'")
     p.add_argument("-o", "--output", default="-", help="output file (default: stdout)")
@@ -234,7 +285,6 @@ def _opt_parser() -> argparse.ArgumentParser:
     p.add_argument("--split-input-file", action="store_true",
                    help="run on each '// -----'-separated part of the input on its own; print the results joined alike")
     _hardware_flag(p, None, "target hardware, overriding the module's 'hardware' attribute")
-    p.add_argument("--debug", action="store_true", help="show tracebacks")
     return p
 
 
@@ -248,7 +298,7 @@ def _list_passes() -> None:
             print(f"  {o.name}: {o.type} = {o.default}  -- {o.help}")
 
 
-def _opt(args: argparse.Namespace) -> int:
+def _opt(args: argparse.Namespace, run: Run) -> int:
     from passes.manager import parse_pipeline
     from tessera_ir.parser import parse_module
     from tessera_ir.verifier import verify
@@ -257,60 +307,58 @@ def _opt(args: argparse.Namespace) -> int:
         _list_passes()
         return 0
     passes = parse_pipeline(args.passes) if args.passes.strip() else []  # bad pipelines fail before reading input
-    dump = _dump_callback(args.dump_after, args.dump_dir)
+    output = _ir_output(run, args.output)
+    assert output is not None
+    dump = _dump_callback(run, args.dump_after, args.dump_dir)
     if args.hardware is not None:
         from tessera.api import resolve_hardware
 
         resolve_hardware(args.hardware)
-    if args.input == "-":
-        text, source = sys.stdin.read(), "<stdin>"
-    else:
-        path = Path(args.input)
-        if not path.is_file():
-            raise TesseraError(f"input file '{args.input}' does not exist")
-        text, source = path.read_text(), str(path)
 
-    def run(part: str) -> tuple[str, PassManager, float]:
-        start = time.perf_counter()
-        module = parse_module(part, source=source)
-        parse_s = time.perf_counter() - start
+    def run_on(module: Module) -> tuple[str, PassManager]:
         if args.hardware is not None:
             module.attrs["hardware"] = args.hardware
         if args.verify:
             verify(module)
         manager = PassManager(list(passes), verify_each=args.verify, dump_after=dump)
         manager.run(module)
-        return print_module(module), manager, parse_s
-
-    from tessera.io import write_atomic
+        return print_module(module), manager
 
     if not args.split_input_file:
-        printed, manager, parse_s = run(text)
-        write_atomic(args.output, printed)
+        start = time.perf_counter()
+        module = run.parse_ir(args.input)
+        parse_s = time.perf_counter() - start
+        printed, manager = run_on(module)
+        run.add(output, printed)
+        run.commit()
         if args.timing:
-            _print_timing(manager.timings, [("parse", parse_s)])
+            _print_timing(manager.timings, [("read and parse", parse_s)])
         return 0
     # Like mlir-opt: each part runs on its own; a failing part prints its error (on stderr,
     # in order with the output) and the others still run; the exit status reports failure,
     # and a file given by -o is written only when every part succeeded.
+    source = "<stdin>" if args.input == "-" else args.input
+    text = run.read_text(args.input)
     outputs, failed = [], False
     for k, (line, part) in enumerate(_split_parts(text)):
-        if k and args.output == "-":
+        if k and output == "-":
             sys.stdout.write(SPLIT_MARKER + "\n")
             sys.stdout.flush()
         try:
-            printed = run(part)[0]
+            printed = run_on(parse_module(part, source=source))[0]
         except TesseraError as err:
             if args.debug:
                 raise
             printed, failed = "", True
-            print(f"tessera-opt: error: {source}, part at line {line}: {err}", file=sys.stderr, flush=True)
+            run.note(f"error: {source}, part at line {line}: {err}")
+            sys.stderr.flush()
         outputs.append(printed)
-        if args.output == "-":
+        if output == "-":
             sys.stdout.write(printed)
             sys.stdout.flush()
-    if args.output != "-" and not failed:
-        write_atomic(args.output, (SPLIT_MARKER + "\n").join(outputs))
+    if output != "-" and not failed:
+        run.add(output, (SPLIT_MARKER + "\n").join(outputs))
+        run.commit()
     return EXIT_USER_ERROR if failed else 0
 
 
@@ -331,50 +379,44 @@ def _split_parts(text: str) -> list[tuple[int, str]]:
 
 
 def opt_main(argv: Sequence[str] | None = None) -> int:
-    return _run_tool("tessera-opt", argv, _opt, _opt_parser())
+    return run_tool("tessera-opt", _opt_parser(), _opt, argv)
 
 
 # ---------------------------------------------------------------- tessera-dis
 
 
 def _dis_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="tessera-dis",
-        description="Print a plan's bytecode (.tsb) as text, or assemble that text back into the identical bytes.",
+    p = tool_parser(
+        "tessera-dis", "Print a plan's bytecode (.tsb) as text, or assemble that text back into the identical bytes."
     )
     p.add_argument("input", help="a .tsb plan (or, with --assemble, its text form; '-' for stdin)")
     p.add_argument("-o", "--output", default="-", help="output file (default: stdout)")
     p.add_argument("--assemble", action="store_true", help="read the text form and write the bytecode")
-    p.add_argument("--debug", action="store_true", help="show tracebacks")
     return p
 
 
-def _dis(args: argparse.Namespace) -> int:
+def _dis(args: argparse.Namespace, run: Run) -> int:
     from codegen.disassembler import assemble, disassemble
-    from tessera.io import write_atomic
+    from tessera.io import read_bytes
 
-    if args.input == "-":
-        raw = sys.stdin.buffer.read()
-    else:
-        path = Path(args.input)
-        if not path.is_file():
-            raise TesseraError(f"input file '{args.input}' does not exist")
-        raw = path.read_bytes()
+    output = run.output_file(args.output, "-o")
+    raw = read_bytes(args.input)
     if args.assemble:
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
             raise TesseraError(f"{args.input}: the text form is not UTF-8 (is it a .tsb? drop --assemble)") from None
-        if args.output == "-" and sys.stdout.isatty():
+        if output == "-" and sys.stdout.isatty():
             raise TesseraError("refusing to write bytecode to a terminal; give -o plan.tsb")
-        write_atomic(args.output, assemble(text))
+        run.add(output, assemble(text))
     else:
-        write_atomic(args.output, disassemble(raw))
+        run.add(output, disassemble(raw))
+    run.commit()
     return 0
 
 
 def dis_main(argv: Sequence[str] | None = None) -> int:
-    return _run_tool("tessera-dis", argv, _dis, _dis_parser())
+    return run_tool("tessera-dis", _dis_parser(), _dis, argv)
 
 
 def viz_main(argv: Sequence[str] | None = None) -> int:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from pathlib import Path
 
 from passes.scheduling.pair_dag import FWD, PairDAG
 from passes.scheduling.schedule import PairSchedule
+from tessera.driver import Run, run_tool, tool_parser
 from tessera_ir.errors import TesseraError
 from tessera_ir.kinds import Resource
 from tessera_ir.model import Module
@@ -116,7 +118,7 @@ def schedule_dot(schedule: PairSchedule, title: str | None = None, width_pt: flo
     axis_y = lane_y[LANES[-1]] - LANE_HEIGHT_PT
     tick = 0.0
     k = 0
-    while tick <= makespan + 1e-9:
+    while tick <= makespan + 1e-9 and k <= 10:  # a step is at least an eighth of the makespan
         lines.append(
             f"  tick{k} [shape=plaintext, style=\"\", fixedsize=false, fontsize=8, label={_q(f'{tick:g} µs')}, "
             f"pos=\"{tick * scale:.2f},{axis_y:.2f}!\"];"
@@ -131,14 +133,16 @@ def schedule_dot(schedule: PairSchedule, title: str | None = None, width_pt: flo
 
 
 def _nice_step(raw: float) -> float:
-    """1, 2 or 5 times a power of ten, at least ``raw``."""
+    """1, 2 or 5 times a power of ten, at least ``raw`` (in floats: times may be as large as floats go)."""
     if raw <= 0:
         return 1.0
-    power = 10 ** int(f"{raw:e}".split("e")[1])
-    for m in (1, 2, 5, 10):
+    power = 10.0 ** math.floor(math.log10(raw))
+    if power <= 0.0:  # below the smallest float's power of ten
+        return raw
+    for m in (1.0, 2.0, 5.0):
         if m * power >= raw:
-            return float(m * power)
-    return float(10 * power)
+            return m * power
+    return 10.0 * power
 
 
 def dag_dot(dag: PairDAG, title: str | None = None) -> str:
@@ -234,25 +238,19 @@ def _parse_formats(text: str) -> list[str]:
     return formats
 
 
-def draw_pair(schedule: PairSchedule, name: str, formats: Sequence[str], outdir: Path, timeout_s: float = 60.0) -> list[Path]:
-    """Write the drawings of one scheduled pair; returns the files written."""
-    outdir.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
+def render_pair(schedule: PairSchedule, name: str, formats: Sequence[str], timeout_s: float = 60.0) -> list[tuple[str, bytes]]:
+    """The drawings of one scheduled pair, as (file name, contents), rendered but not written."""
+    files: list[tuple[str, bytes]] = []
     sources = {"schedule": (schedule_dot(schedule, name), "neato"), "dag": (dag_dot(schedule.dag, name), "dot")}
     for fmt in formats:
         if fmt == "json":
-            path = outdir / f"{name}.trace.json"
-            path.write_text(json.dumps(trace_json(schedule, process_name=f"pair {name}"), indent=1) + "\n")
-            written.append(path)
+            trace = json.dumps(trace_json(schedule, process_name=f"pair {name}"), indent=1) + "\n"
+            files.append((f"{name}.trace.json", trace.encode()))
             continue
         for what, (source, engine) in sources.items():
-            path = outdir / f"{name}.{what}.{fmt}"
-            if fmt == "dot":
-                path.write_text(source)
-            else:
-                path.write_bytes(render(source, fmt, engine, timeout_s))
-            written.append(path)
-    return written
+            data = source.encode() if fmt == "dot" else render(source, fmt, engine, timeout_s)
+            files.append((f"{name}.{what}.{fmt}", data))
+    return files
 
 
 def _schedules_to_draw(module: Module, pair: str | None) -> list[tuple[str, PairSchedule]]:
@@ -276,35 +274,39 @@ def _schedules_to_draw(module: Module, pair: str | None) -> list[tuple[str, Pair
     return [(name, view.schedule(name)) for name in scheds]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="tessera-viz", description="Draw pair schedules of a Tessera plan.")
-    ap.add_argument("plan", type=Path, help="a textual IR file (.tir) holding pairs and their schedules")
+def _viz_parser() -> argparse.ArgumentParser:
+    ap = tool_parser("tessera-viz", "Draw pair schedules of a Tessera plan.")
+    ap.add_argument("plan", help="a textual IR file (.tir) holding pairs and their schedules")
     ap.add_argument("--pair", help="pair or pair_schedule op to draw (default: every pair_schedule)")
     ap.add_argument("--format", default="svg,json", help=f"comma-separated: {', '.join(FORMATS)} (default svg,json)")
-    ap.add_argument("-o", "--output", type=Path, default=Path("."), help="output folder (default: current folder)")
+    ap.add_argument("-o", "--output", default=".", help="output folder (default: current folder)")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds graphviz may take per drawing")
-    ap.add_argument("--debug", action="store_true", help="show tracebacks")
-    args = ap.parse_args(argv)
-    try:
-        from tessera_ir import parse_module
+    return ap
 
-        formats = _parse_formats(args.format)
-        try:
-            text = args.plan.read_text()
-        except OSError as err:
-            raise VizError(f"cannot read {args.plan}: {err.strerror}") from None
-        module = parse_module(text, source=str(args.plan))
-        written = []
-        for name, schedule in _schedules_to_draw(module, args.pair):
-            written += draw_pair(schedule, name, formats, args.output, args.timeout)
-        for path in written:
-            print(path)
-        return 0
-    except TesseraError as err:
-        if args.debug:
-            raise
-        print(f"tessera-viz: error: {err}", file=sys.stderr)
-        return 1
+
+def _viz(args: argparse.Namespace, run: Run) -> int:
+    from tessera_ir.verifier import verify
+
+    formats = _parse_formats(args.format)
+    folder = run.output_folder(args.output, "-o")
+    module = run.parse_ir(args.plan)
+    verify(module)  # a schedule is drawn only once the verifier has checked it
+    drawn: list[Path] = []
+    for name, schedule in _schedules_to_draw(module, args.pair):
+        if not math.isfinite(schedule.makespan):
+            raise VizError(f"schedule @{name} ends past the largest float; its times cannot be drawn")
+        for file_name, data in render_pair(schedule, name, formats, args.timeout):
+            path = folder / file_name
+            run.add(path, data)
+            drawn.append(path)
+    run.commit()
+    for path in drawn:
+        print(path)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_tool("tessera-viz", _viz_parser(), _viz, argv)
 
 
 if __name__ == "__main__":  # pragma: no cover

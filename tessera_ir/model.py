@@ -26,6 +26,34 @@ class SymbolRef:
 Value = Union[bool, int, float, str, SymbolRef, list["Value"]]  # noqa: UP007 (recursive alias)
 Attrs = dict[str, Value]
 
+# How many lists deep an attribute value may nest. The parser, the printer and the
+# verifier each enforce it, so no code that walks a value recursively (printing,
+# ``==``, ``repr``) can run out of stack on user input; real values nest two or three deep.
+MAX_VALUE_DEPTH = 64
+
+
+def value_depth(value: object) -> int:
+    """How many lists deep ``value`` nests (0 for a scalar), found without recursion.
+
+    Stops counting past ``MAX_VALUE_DEPTH + 1``, so a list that contains itself has a depth too.
+    """
+    deepest = 0
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, list):
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > MAX_VALUE_DEPTH:
+                    return deepest
+            stack.extend((child, depth) for child in item if isinstance(child, list))
+    return deepest
+
+
+# The typed fields every task has, in the order the printer writes them before its other attributes.
+CORE_TASK_FIELDS = ("flops", "bytes", "param_bytes", "act_bytes", "shapes", "movable")
+
 
 @dataclass
 class Task:
@@ -119,10 +147,26 @@ class Module:
     layers: list[Layer] = field(default_factory=list)
     plan: list[PlanOp] = field(default_factory=list)
     # Where each entity was written, when the module came from text: keys are
-    # "module", "layer:NAME", "task:NAME", "plan:NAME"; values are 1-based
-    # (line, column). Not part of the IR's value: ignored by ==.
+    # "module", "layer:NAME", "task:NAME", "plan:NAME" and "entry:PLAN:REF" (a
+    # plan op's entry); values are 1-based (line, column). A name defined again
+    # keeps its first position under the plain key and the k-th under "KEY#k".
+    # Not part of the IR's value: ignored by ==.
     locations: dict[str, tuple[int, int]] = field(default_factory=dict, compare=False, repr=False)
     source: str | None = field(default=None, compare=False, repr=False)
+
+    # How many times each location key was recorded, so that the k-th definition
+    # of a name is numbered in constant time.
+    _location_counts: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
+
+    def locate(self, key: str, line: int, column: int) -> None:
+        """Record where the entity ``key`` was written (see ``locations``)."""
+        locations = self.locations
+        if key not in locations:
+            locations[key] = (line, column)
+            return
+        k = self._location_counts.get(key, 1) + 1
+        self._location_counts[key] = k
+        locations[f"{key}#{k}"] = (line, column)
 
     def tasks(self) -> Iterator[Task]:
         for layer in self.layers:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, fields
 from tessera_ir.errors import TesseraError
 from tessera_ir.kinds import DTYPE_BYTES
 from tessera_ir.model import Attrs
+from tessera_ir.printer import spell_value
 
 # Modules whose activations selective recomputation drops in the forward pass and recomputes in
 # the backward pass: Megatron-Core's ``--recompute-modules`` names, with what each drops.
@@ -59,9 +60,9 @@ class ParallelConfig:
             value = getattr(self, f.name)
             flag = f"--{f.name.replace('_', '-')}"
             if f.name == "dtype":
-                if value not in DTYPE_BYTES:
+                if not isinstance(value, str) or value not in DTYPE_BYTES:
                     raise ParallelConfigError(
-                        f"unknown dtype '{value}'; use one of {', '.join(sorted(DTYPE_BYTES))}"
+                        f"unknown dtype {spell_value(value)}; use one of {', '.join(sorted(DTYPE_BYTES))}"
                     )
             elif f.name == "distributed_optimizer":
                 if not isinstance(value, bool):
@@ -77,7 +78,7 @@ class ParallelConfig:
                 # One spelling per set: sorted, no repeats (the header prints it).
                 object.__setattr__(self, "recompute", tuple(sorted(set(value))))
             elif not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ParallelConfigError(f"{flag} must be a positive integer, got {value!r}")
+                raise ParallelConfigError(f"{flag} must be a positive integer, got {spell_value(value)}")
         if self.vpp > 1 and self.microbatches % self.pp != 0:
             raise ParallelConfigError(
                 f"interleaved 1F1B needs the micro-batch count ({self.microbatches}) to be a multiple of "

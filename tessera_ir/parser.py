@@ -11,7 +11,6 @@ column and saying what was found and what was expected there.
 
 from __future__ import annotations
 
-import gc
 import json
 import math
 import re
@@ -29,11 +28,21 @@ from lark.parsers.lalr_analysis import Shift
 
 from tessera_ir.errors import ParseError
 from tessera_ir.kinds import FfnKind, LayerRole, MixerKind, Phase, Resource, TaskOp
-from tessera_ir.model import Attrs, Layer, Module, PlanEntry, PlanOp, SymbolRef, Task, Value
-from tessera_ir.printer import format_value
+from tessera_ir.line_parser import parse_lines
+from tessera_ir.model import (
+    CORE_TASK_FIELDS,
+    MAX_VALUE_DEPTH,
+    Attrs,
+    Layer,
+    Module,
+    PlanEntry,
+    PlanOp,
+    SymbolRef,
+    Task,
+    Value,
+)
+from tessera_ir.printer import spell_value
 
-# Core task fields, in the order the printer writes them before any other attribute.
-CORE_TASK_FIELDS = ("flops", "bytes", "param_bytes", "act_bytes", "shapes", "movable")
 _COUNTER_FIELDS = CORE_TASK_FIELDS[:4]
 
 E = TypeVar("E", bound=Enum)
@@ -67,7 +76,6 @@ class _AttrList:
 class _Located:
     """A model object with the 1-based position where its definition starts."""
 
-    key_prefix: str
     obj: Any
     line: int
     column: int
@@ -190,7 +198,7 @@ class _Builder(Transformer[Token, Module]):
             movable=core["movable"],
             attrs=extra,
         )
-        return _Located("task", task, keyword.line, keyword.column)
+        return _Located(task, keyword.line, keyword.column)
 
     def layer(self, children: list[Any]) -> _Located:
         keyword, name_tok, role_tok, index_tok, path_tok, mixer_tok, ffn_tok, attrs, tasks = children
@@ -210,48 +218,38 @@ class _Builder(Transformer[Token, Module]):
             attrs=_attrs_dict(attrs),
             tasks=[located.obj for located in tasks],
         )
-        return _Located("layer", (layer, tasks), keyword.line, keyword.column)
+        return _Located((layer, tasks), keyword.line, keyword.column)
 
-    def entry(self, children: list[Any]) -> PlanEntry:
-        return PlanEntry(str(children[0])[1:], _attrs_dict(children[1]))
+    def entry(self, children: list[Any]) -> _Located:
+        ref_tok = children[0]
+        return _Located(PlanEntry(str(ref_tok)[1:], _attrs_dict(children[1])), ref_tok.line, ref_tok.column)
 
-    def entries(self, children: list[Any]) -> list[PlanEntry]:
+    def entries(self, children: list[Any]) -> list[_Located]:
         return children[0] if children[0] is not None else []
 
     def plan_op(self, children: list[Any]) -> _Located:
         keyword, op_tok, name_tok, attrs, entries = children
-        op = PlanOp(str(op_tok), str(name_tok)[1:], _attrs_dict(attrs), entries if entries is not None else [])
-        return _Located("plan", op, keyword.line, keyword.column)
+        entries = entries if entries is not None else []
+        op = PlanOp(str(op_tok), str(name_tok)[1:], _attrs_dict(attrs), [located.obj for located in entries])
+        return _Located((op, entries), keyword.line, keyword.column)
 
     def module(self, children: list[Any]) -> Module:
         keyword, name_tok, attrs, layers, plan_ops = children
-        items = (layers or []) + (plan_ops or [])
         module = Module(name=str(name_tok)[1:], attrs=_attrs_dict(attrs))
-        locations = module.locations
-        locations["module"] = (keyword.line, keyword.column)
-        for item in items:
-            if item.key_prefix == "layer":
-                layer, tasks = item.obj
-                module.layers.append(layer)
-                _locate(locations, f"layer:{layer.name}", item)
-                for task in tasks:
-                    _locate(locations, f"task:{task.obj.name}", task)
-            else:
-                module.plan.append(item.obj)
-                _locate(locations, f"plan:{item.obj.name}", item)
+        module.locate("module", keyword.line, keyword.column)
+        for item in layers or []:
+            layer, tasks = item.obj
+            module.layers.append(layer)
+            module.locate(f"layer:{layer.name}", item.line, item.column)
+            for task in tasks:
+                module.locate(f"task:{task.obj.name}", task.line, task.column)
+        for item in plan_ops or []:
+            op, entries = item.obj
+            module.plan.append(op)
+            module.locate(f"plan:{op.name}", item.line, item.column)
+            for entry in entries:
+                module.locate(f"entry:{op.name}:{entry.obj.ref}", entry.line, entry.column)
         return module
-
-
-def _locate(locations: dict[str, tuple[int, int]], key: str, item: _Located) -> None:
-    # A name defined again keeps its first position under the plain key; the k-th
-    # definition goes under "key#k", so the verifier can point at the duplicate.
-    if key not in locations:
-        locations[key] = (item.line, item.column)
-        return
-    k = 2
-    while f"{key}#{k}" in locations:
-        k += 1
-    locations[f"{key}#{k}"] = (item.line, item.column)
 
 
 def _split_core(task_name: str, attrs: _AttrList, anchor: Token) -> tuple[dict[str, Any], Attrs]:
@@ -274,7 +272,7 @@ def _split_core(task_name: str, attrs: _AttrList, anchor: Token) -> tuple[dict[s
             )
         if field_name in _COUNTER_FIELDS:
             if isinstance(value, bool) or not isinstance(value, int):
-                _fail(f"'{field_name}' of task '@{task_name}' must be an integer, not {_spelled(value)}", key)
+                _fail(f"'{field_name}' of task '@{task_name}' must be an integer, not {spell_value(value)}", key)
         elif field_name == "shapes":
             if not isinstance(value, list) or not all(
                 isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) for d in shape)
@@ -285,7 +283,7 @@ def _split_core(task_name: str, attrs: _AttrList, anchor: Token) -> tuple[dict[s
                     key,
                 )
         elif not isinstance(value, bool):
-            _fail(f"'movable' of task '@{task_name}' must be true or false, not {_spelled(value)}", key)
+            _fail(f"'movable' of task '@{task_name}' must be true or false, not {spell_value(value)}", key)
         core[field_name] = value
     extra: Attrs = {}
     for key, value in pairs[len(CORE_TASK_FIELDS) :]:
@@ -293,13 +291,26 @@ def _split_core(task_name: str, attrs: _AttrList, anchor: Token) -> tuple[dict[s
     return core, extra
 
 
-def _spelled(value: Value) -> str:
-    text = format_value(value)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 # ---------------------------------------------------------------------------
 # The lexer.
+
+
+def _skip_pattern(ignored: dict[str, str]) -> str:
+    """A pattern for any run of the ignored terminals that can split a text in only one way.
+
+    The obvious ``(?:WS|COMMENT)*`` nests ``[ \t\r\n]+`` inside ``*``: a run of n
+    blanks then splits in 2**n ways, and when no token follows the run (trailing
+    blank lines, blanks before a stray character) the regex engine tries them
+    all. Here blanks are one optional run, and each comment is taken to the end
+    of its line (``(?![^\n])``) with the blanks after it, so there is nothing to
+    retry: a failed match costs time linear in the run.
+    """
+    if set(ignored) != {"WS", "COMMENT"}:
+        raise AssertionError(f"the lexer skips WS and COMMENT; the grammar ignores {sorted(ignored)}")
+    blanks = f"(?:{ignored['WS']})?"
+    return f"{blanks}(?:(?:{ignored['COMMENT']})(?![^\n]){blanks})*"
 
 
 class _IRLexer(Lexer):
@@ -340,13 +351,11 @@ class _IRLexer(Lexer):
                 regex_parts.append(f"(?P<{term.name}>{term.pattern.to_regexp()})")
         # Longer literals first, so that no literal shadows a longer one it starts.
         literal_parts.sort(key=lambda part: -len(part[1]))
-        skip = "|".join(
-            f"(?:{term.pattern.to_regexp()})" for term in terminals if term.name in ignore
-        )
+        skip = _skip_pattern({term.name: term.pattern.to_regexp() for term in terminals if term.name in ignore})
         alternatives = regex_parts + [f"(?P<{name}>{pattern})" for name, pattern in literal_parts]
-        self._token_re = re.compile(f"(?:{skip})*(?:" + "|".join(alternatives) + ")")
-        self._skip_re = re.compile(f"(?:{skip})*")
-        self._equals_re = re.compile(f"(?:{skip})*=")
+        self._token_re = re.compile(f"{skip}(?:" + "|".join(alternatives) + ")")
+        self._skip_re = re.compile(skip)
+        self._equals_re = re.compile(f"{skip}=")
 
     def lex(self, lexer_state: LexerState, parser_state: Any) -> Iterator[Token]:
         text_slice = lexer_state.text
@@ -361,6 +370,9 @@ class _IRLexer(Lexer):
         states = parser_state.parse_conf.states
         line = 1
         line_start = 0
+        # Lists open at this point; checked here, before any list is built, so that
+        # nothing downstream ever meets a value nested past the limit.
+        list_depth = 0
         while True:
             m = token_match(text, pos, end)
             if m is None:
@@ -409,6 +421,16 @@ class _IRLexer(Lexer):
                     continue
                 if value in keywords and keywords[value] in accepted:
                     kind = keywords[value]
+            elif kind == "LSQB":
+                list_depth += 1
+                if list_depth > MAX_VALUE_DEPTH:
+                    raise ParseError(
+                        f"attribute value nests lists more than {MAX_VALUE_DEPTH} deep, the IR's limit; flatten it",
+                        line,
+                        column,
+                    )
+            elif kind == "RSQB":
+                list_depth -= 1
             yield Token(kind, value, start, line, column)
 
 
@@ -436,13 +458,24 @@ def _parser() -> Lark:
 
 
 def parse_module(text: str, source: str | None = None) -> Module:
-    """Parse IR text into a Module; ``source`` (a file name) is used in error messages."""
+    """Parse IR text into a Module; ``source`` (a file name) is used in error messages.
+
+    Text in the printer's line layout is read by the fast path
+    (:mod:`tessera_ir.line_parser`); anything else, and every error, goes
+    through the grammar.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"the IR parser reads str, not {type(text).__name__}")
+    module = parse_lines(text)
+    if module is None:
+        return parse_with_grammar(text, source)
+    module.source = source
+    return module
+
+
+def parse_with_grammar(text: str, source: str | None = None) -> Module:
+    """Parse IR text with the LALR parser of ``grammar.lark``, whatever its layout."""
     parser = _parser()
-    # The parser allocates hundreds of thousands of small objects that all stay
-    # alive; the cyclic garbage collector would scan them again and again for
-    # nothing (about a quarter of the parse time of a large module).
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
     try:
         module = parser.parse(text)
     except ParseError as err:
@@ -456,9 +489,6 @@ def parse_module(text: str, source: str | None = None) -> Module:
         raise ParseError(message, line, column, source) from None
     except LarkError as err:  # any other failure inside lark is still malformed input
         raise ParseError(f"malformed IR: {err}", None, None, source) from None
-    finally:
-        if gc_was_enabled:
-            gc.enable()
     assert isinstance(module, Module)
     module.source = source
     return module

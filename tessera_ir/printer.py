@@ -31,19 +31,20 @@ import math
 import re
 from io import StringIO
 
-from tessera_ir.model import Attrs, Layer, Module, PlanOp, SymbolRef, Task, Value
+from tessera_ir.errors import IRError
+from tessera_ir.model import CORE_TASK_FIELDS, MAX_VALUE_DEPTH, Attrs, Layer, Module, PlanOp, SymbolRef, Task, Value
 
 INDENT = "  "
 
 
-class PrintError(ValueError):
-    """A value the text format cannot spell (NaN, infinity, an unknown type, a name with spaces)."""
+class PrintError(IRError, ValueError):
+    """A value the text format cannot spell (NaN, infinity, an unknown type, a name with spaces, too deep a list)."""
 
 
 # What the grammar's SYMBOL (after the '@') and WORD terminals accept.
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 _WORD_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
-_CORE_TASK_FIELDS = frozenset({"flops", "bytes", "param_bytes", "act_bytes", "shapes", "movable"})
+_CORE_TASK_FIELDS = frozenset(CORE_TASK_FIELDS)
 
 
 def format_name(name: str) -> str:
@@ -66,6 +67,10 @@ def _word(text: str, what: str) -> str:
 
 
 def format_value(value: Value) -> str:
+    return _format_value(value, 0)
+
+
+def _format_value(value: Value, depth: int) -> str:
     # bool before int: bool is a subclass of int.
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -82,8 +87,25 @@ def format_value(value: Value) -> str:
     if isinstance(value, SymbolRef):
         return format_name(value.name)
     if isinstance(value, list):
-        return "[" + ", ".join(format_value(v) for v in value) + "]"
-    raise PrintError(f"attribute value {value!r} of type {type(value).__name__} cannot be printed")
+        if depth >= MAX_VALUE_DEPTH:
+            raise PrintError(
+                f"attribute value nests lists more than {MAX_VALUE_DEPTH} deep, the IR's limit; flatten it"
+            )
+        return "[" + ", ".join(_format_value(v, depth + 1) for v in value) + "]"
+    raise PrintError(f"attribute value of type {type(value).__name__} cannot be printed: {spell_value(value)}")
+
+
+def spell_value(value: object, width: int = 40) -> str:
+    """A short spelling of any value for a message; never raises, however deep or odd the value."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    try:
+        text = format_value(value)  # type: ignore[arg-type]
+    except PrintError:
+        text = "[...]" if isinstance(value, list) else f"<{type(value).__name__}>"
+    except Exception:  # noqa: BLE001 - a message must not fail on whatever a caller put in an attribute
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def format_attrs(attrs: Attrs) -> str:

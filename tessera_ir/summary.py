@@ -10,14 +10,18 @@ from tessera_ir.model import Module
 
 
 def summarize(module: Module) -> dict[str, Any]:
-    """``{"model", "parameters", "layers": [...], "tasks"}``.
+    """``{"model", "parameters", "layers": [...], "tasks", "warnings"}``.
 
     Each entry of ``layers`` is a decoder layer: its index, mixer and ffn
     kinds, forward FLOPs (fwd tasks), backward FLOPs (dgrad + wgrad tasks) and
-    its task count per kind (``op.phase``). ``tasks`` counts every task of the
-    module, embedding and head included.
+    its task count per kind (``op.phase``); a layer whose mixer kind was set by
+    an override or is a best guess also carries ``mixer_source`` (``override``,
+    ``structure``), and one the frontend warned about carries its ``warnings``.
+    ``tasks`` counts every task of the module, embedding and head included;
+    ``warnings`` lists the warnings of all layers.
     """
-    layers = []
+    layers: list[dict[str, Any]] = []
+    warnings: list[str] = []
     for layer in module.decoder_layers():
         forward = sum(t.flops for t in layer.tasks if t.phase is Phase.FWD)
         backward = sum(t.flops for t in layer.tasks if t.phase is not Phase.FWD)
@@ -32,9 +36,17 @@ def summarize(module: Module) -> dict[str, Any]:
                 "tasks": dict(sorted(kinds.items())),
             }
         )
+        if "mixer_source" in layer.attrs:
+            layers[-1]["mixer_source"] = str(layer.attrs["mixer_source"])
+        attr = layer.attrs.get("mixer_warnings")
+        notes = [str(note) for note in attr] if isinstance(attr, list) else []
+        if notes:
+            layers[-1]["warnings"] = notes
+            warnings.extend(notes)
     return {
         "model": module.attrs.get("model", module.name),
         "parameters": int(module.attrs.get("parameters", 0)),  # type: ignore[arg-type]
         "layers": layers,
         "tasks": sum(1 for _ in module.tasks()),
+        "warnings": warnings,
     }

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from fractions import Fraction
 
 from tessera_ir.errors import VerifyError
 from tessera_ir.kinds import (
@@ -31,7 +32,8 @@ from tessera_ir.kinds import (
     TaskOp,
     resource_of,
 )
-from tessera_ir.model import Attrs, Layer, Module, PlanOp, SymbolRef, Task, Value
+from tessera_ir.model import MAX_VALUE_DEPTH, Attrs, Layer, Module, PlanOp, SymbolRef, Task, Value, value_depth
+from tessera_ir.printer import spell_value
 
 CheckFn = Callable[[Module], Iterable[VerifyError]]
 
@@ -128,12 +130,18 @@ def _is(task_field: object, member: object) -> bool:
 
 
 def _walk_values(value: Value) -> Iterator[Value]:
+    """Every value inside ``value``, each list once: a list built in Python may hold
+    itself, or the same list many times over."""
     stack = [value]
+    seen_lists: set[int] = set()
     while stack:
         v = stack.pop()
-        yield v
         if isinstance(v, list):
+            if id(v) in seen_lists:
+                continue
+            seen_lists.add(id(v))
             stack.extend(v)
+        yield v
 
 
 def _all_attr_owners(module: Module) -> Iterator[tuple[str, str, Attrs]]:
@@ -398,19 +406,27 @@ def _attributes_legal(module: Module) -> Iterator[VerifyError]:
         for field_name in ("flops", "bytes", "param_bytes", "act_bytes"):
             value = getattr(task, field_name)
             if not _is_int(value) or value < 0:
-                yield r.task(task, f"has {field_name} = {value!r}; it must be a non-negative integer")
+                yield r.task(task, f"has {field_name} = {spell_value(value)}; it must be a non-negative integer")
         if task.op in COMM_OPS and task.flops != 0:
             yield r.task(task, f"is a communication task with flops = {task.flops}; comm tasks compute nothing (flops = 0)")
         shapes_ok = isinstance(task.shapes, list) and all(
             isinstance(s, list) and all(_is_int(d) and d > 0 for d in s) for s in task.shapes
         )
         if not shapes_ok:
-            yield r.task(task, f"has shapes = {task.shapes!r}; shapes are lists of positive integers")
+            yield r.task(task, f"has shapes = {spell_value(task.shapes)}; shapes are lists of positive integers")
         if not isinstance(task.movable, bool):
-            yield r.task(task, f"has movable = {task.movable!r}; it must be true or false")
+            yield r.task(task, f"has movable = {spell_value(task.movable)}; it must be true or false")
     for what, key, attrs in _all_attr_owners(module):
         pass_attrs = key.startswith("task:") or what.startswith("entry ")
         for attr_key, value in attrs.items():
+            if isinstance(value, list) and value_depth(value) > MAX_VALUE_DEPTH:
+                # Checked first: the walk below and every message are safe, but printing is not.
+                yield r.error(
+                    f"attribute '{attr_key}' of {what} nests lists more than {MAX_VALUE_DEPTH} deep, "
+                    "the IR's limit; flatten it",
+                    key,
+                )
+                continue
             for v in _walk_values(value):
                 if isinstance(v, float) and not math.isfinite(v):
                     yield r.error(f"attribute '{attr_key}' of {what} is {v!r}; attribute floats must be finite", key)
@@ -419,7 +435,7 @@ def _attributes_legal(module: Module) -> Iterator[VerifyError]:
                 if pass_attrs and attr_key in _PASS_ATTRS:
                     legal, rule = _PASS_ATTRS[attr_key]
                     if not legal(value):
-                        yield r.error(f"attribute '{attr_key}' of {what} is {value!r}; it must be {rule}", key)
+                        yield r.error(f"attribute '{attr_key}' of {what} is {spell_value(value)}; it must be {rule}", key)
 
 
 @check("layer-order", "embedding first, decoders numbered 0..N-1 in order, head last")
@@ -490,3 +506,256 @@ def _plan_entries_unique(module: Module) -> Iterator[VerifyError]:
             if entry.ref in seen:
                 yield r.plan(op, f"lists '@{entry.ref}' more than once; each entity gets one entry per plan op")
             seen.add(entry.ref)
+
+
+# ---------------------------------------------------------------------------
+# Pair schedules
+
+
+# Times are compared with the z3 checker's tolerance (passes/schedule_check.py): start
+# times are sums of floats, so an exact comparison would reject what rounding made.
+SCHEDULE_TOLERANCE_US = 1e-6
+_TOLERANCE = Fraction(1, 10**6)
+# A task attribute that fixes the task's duration when present; a schedule must use it.
+TASK_DURATION_ATTR = "duration_us"
+
+
+def _at_least(later: float, *earlier: float) -> bool:
+    """``later >= sum(earlier) - tolerance``, decided exactly as z3 decides it (rationals).
+
+    Floats answer unless the two sides are within rounding of each other; then the
+    floats' exact binary values do. Every argument is finite.
+    """
+    total = sum(earlier)
+    slack = later - total + SCHEDULE_TOLERANCE_US
+    if abs(slack) > 1e-9 * (abs(later) + sum(abs(x) for x in earlier) + 1.0):
+        return slack > 0
+    return Fraction(later) >= sum((Fraction(x) for x in earlier), Fraction(0)) - _TOLERANCE
+
+
+@dataclass
+class _Slot:
+    """One entry of a pair schedule, once its values are known to be legal."""
+
+    task: Task
+    start: float
+    duration: float
+    stream: str
+
+
+def _side_layers(
+    pair: PlanOp, side: str, layers: dict[str, Layer], ops: dict[str, PlanOp]
+) -> tuple[list[Layer], str | None]:
+    """The layers of a pair's ``side`` (``fwd`` or ``bwd``): its own list when it gives one, else
+    the ``layers`` of the candidate its ``<side>_candidate`` names; or the reason they cannot be read."""
+    value = pair.attrs.get(side)
+    holder = f"pair '@{pair.name}'"
+    if value is None:
+        ref = pair.attrs.get(f"{side}_candidate")
+        if ref is None:
+            return [], None
+        cand = ops.get(ref.name) if isinstance(ref, SymbolRef) else None
+        if cand is None or cand.op != "candidate":
+            return [], f"'{side}_candidate' of pair '@{pair.name}' is {spell_value(ref)}, which names no candidate"
+        value, holder = cand.attrs.get("layers", []), f"candidate '@{cand.name}'"
+        side = "layers"
+    if not isinstance(value, list) or not all(isinstance(v, SymbolRef) for v in value):
+        return [], f"attribute '{side}' of {holder} must be a list of layers such as [@l0, @l1]"
+    out: list[Layer] = []
+    seen: set[str] = set()
+    for ref in value:
+        assert isinstance(ref, SymbolRef)
+        if ref.name not in layers:
+            return [], f"{holder} lists '@{ref.name}' under '{side}', which is no layer"
+        if ref.name in seen:
+            return [], f"{holder} lists layer '@{ref.name}' twice under '{side}'"
+        seen.add(ref.name)
+        out.append(layers[ref.name])
+    return out, None
+
+
+def _pair_sides(
+    pair: PlanOp, layers: dict[str, Layer], ops: dict[str, PlanOp]
+) -> tuple[list[dict[str, Task]], str | None]:
+    """The two sides of a pair: the forward tasks of its forward layers and the dgrad and
+    wgrad tasks of its backward layers, each by name; or the reason they cannot be built."""
+    if not any(k in pair.attrs for k in ("fwd", "bwd", "fwd_candidate", "bwd_candidate")):
+        return [], f"pair '@{pair.name}' names no layers (neither 'fwd'/'bwd' lists nor candidates)"
+    sides: list[dict[str, Task]] = []
+    for side, phases in (("fwd", (Phase.FWD,)), ("bwd", (Phase.DGRAD, Phase.WGRAD))):
+        side_layers, problem = _side_layers(pair, side, layers, ops)
+        if problem is not None:
+            return [], problem
+        tasks: dict[str, Task] = {}
+        for layer in side_layers:
+            for task in layer.tasks:
+                if task.phase in phases:
+                    tasks.setdefault(task.name, task)
+        sides.append(tasks)
+    return sides, None
+
+
+def _entry_slot(r: _Reporter, sched: PlanOp, entry_attrs: Attrs, task: Task, where: str) -> tuple[_Slot | None, list[VerifyError]]:
+    errors: list[VerifyError] = []
+    numbers: dict[str, float] = {}
+    for name in ("start", "duration"):
+        value = entry_attrs.get(name)
+        if value is None:
+            errors.append(r.error(f"entry '@{task.name}' of pair_schedule '@{sched.name}' has no '{name}'", where))
+        elif not _is_number(value) or not math.isfinite(value) or value < 0:  # type: ignore[arg-type, operator]
+            errors.append(
+                r.error(
+                    f"entry '@{task.name}' of pair_schedule '@{sched.name}' has {name} = {spell_value(value)}; "
+                    "it must be a finite non-negative number of microseconds",
+                    where,
+                )
+            )
+        else:
+            numbers[name] = float(value)  # type: ignore[arg-type]
+    stream = entry_attrs.get("stream")
+    resource = task.resource.value if isinstance(task.resource, Resource) else str(task.resource)
+    if stream != resource:
+        spelled = "no 'stream'" if stream is None else f"stream = {spell_value(stream)}"
+        errors.append(
+            r.error(
+                f"entry '@{task.name}' of pair_schedule '@{sched.name}' has {spelled}, but the task runs on "
+                f'"{resource}"; a task is scheduled on the stream of its resource',
+                where,
+            )
+        )
+    if errors:
+        return None, errors
+    slot = _Slot(task, numbers["start"], numbers["duration"], resource)
+    fixed = task.attrs.get(TASK_DURATION_ATTR)
+    if _is_number(fixed) and math.isfinite(fixed):  # type: ignore[arg-type]
+        fixed_us = float(fixed)  # type: ignore[arg-type]
+        if not (_at_least(slot.duration, fixed_us) and _at_least(fixed_us, slot.duration)):
+            errors.append(
+                r.error(
+                    f"entry '@{task.name}' of pair_schedule '@{sched.name}' lasts {slot.duration} us, but the task's "
+                    f"{TASK_DURATION_ATTR} is {fixed_us} us; rerun overlap-schedule after changing durations",
+                    where,
+                )
+            )
+    return slot, errors
+
+
+@check(
+    "schedules-valid",
+    "every pair_schedule schedules its pair: each task once on its resource's stream, finite non-negative "
+    "times, after its dependencies, one task at a time per stream, movable tasks by their deadline",
+)
+def _schedules_valid(module: Module) -> Iterator[VerifyError]:
+    r = _Reporter("schedules-valid", module)
+    ops: dict[str, PlanOp] = {}
+    for op in module.plan:
+        ops.setdefault(op.name, op)
+    layers: dict[str, Layer] = {}
+    for layer in module.layers:
+        layers.setdefault(layer.name, layer)
+    fix = "rerun the overlap-schedule pass to rebuild the schedule"
+    for sched in module.plan:
+        if sched.op != "pair_schedule":
+            continue
+        pairs = sched.attrs.get("pairs")
+        if not isinstance(pairs, list) or not pairs:
+            yield r.plan(sched, "names no pair; a pair_schedule lists the pairs it schedules as pairs = [@pair.0, ...]")
+            continue
+        pair_ops: list[PlanOp] = []
+        for ref in pairs:
+            pair_op = ops.get(ref.name) if isinstance(ref, SymbolRef) else None
+            if pair_op is None or pair_op.op != "pair":
+                yield r.plan(sched, f"lists {spell_value(ref)} under 'pairs', which is no pair op")
+                break
+            pair_ops.append(pair_op)
+        else:
+            yield from _check_schedule(r, sched, pair_ops, layers, ops, fix)
+
+
+def _check_schedule(
+    r: _Reporter, sched: PlanOp, pair_ops: list[PlanOp], layers: dict[str, Layer], ops: dict[str, PlanOp], fix: str
+) -> Iterator[VerifyError]:
+    # The entries name the tasks of the first pair; pairs that share the schedule have
+    # identical DAGs, matched to it position by position.
+    sides, problem = _pair_sides(pair_ops[0], layers, ops)
+    if problem is not None:
+        yield r.plan(sched, f"cannot be checked: {problem}")
+        return
+    task_count = sum(len(side) for side in sides)
+    for other in pair_ops[1:]:
+        other_sides, other_problem = _pair_sides(other, layers, ops)
+        if other_problem is None and sum(len(side) for side in other_sides) != task_count:
+            other_problem = f"pair '@{other.name}' has {sum(len(s) for s in other_sides)} tasks, not {task_count}"
+        if other_problem is not None:
+            yield r.plan(sched, f"is shared by pairs that differ: {other_problem}; {fix}")
+    side_of = {name: k for k, side in enumerate(sides) for name in side}
+    in_pair = {name: task for side in sides for name, task in side.items()}
+    first = pair_ops[0].name
+    slots: dict[str, _Slot] = {}
+    counts: dict[str, int] = {}
+    for entry in sched.entries:
+        where = f"entry:{sched.name}:{entry.ref}"
+        task = in_pair.get(entry.ref)
+        if task is None:
+            yield r.error(
+                f"pair_schedule '@{sched.name}' has an entry for '@{entry.ref}', which is not a task of pair "
+                f"'@{first}' (its forward layers' forward tasks and its backward layers' dgrad and wgrad tasks)",
+                where,
+            )
+            continue
+        counts[entry.ref] = counts.get(entry.ref, 0) + 1
+        if counts[entry.ref] == 2:
+            yield r.error(f"pair_schedule '@{sched.name}' places task '@{entry.ref}' more than once", where)
+        if counts[entry.ref] > 1:
+            continue
+        slot, errors = _entry_slot(r, sched, entry.attrs, task, where)
+        yield from errors
+        if slot is not None:
+            slots[entry.ref] = slot
+    missing = [name for name in in_pair if name not in counts]
+    if missing:
+        shown = ", ".join(f"@{name}" for name in missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        yield r.plan(sched, f"has no entry for {shown} of pair '@{first}'; every task of the pair is placed once; {fix}")
+
+    def at(name: str) -> str:
+        return f"entry:{sched.name}:{name}"
+
+    for name, slot in slots.items():
+        task = slot.task
+        for dep in task.deps:
+            before = slots.get(dep)
+            if before is None or side_of.get(dep) != side_of[name]:
+                continue  # outside the pair's side: ready when the pair starts
+            if not _at_least(slot.start, before.start, before.duration):
+                yield r.error(
+                    f"pair_schedule '@{sched.name}' starts '@{name}' at {slot.start} us, before its dependency "
+                    f"'@{dep}' finishes at {before.start + before.duration} us; {fix}",
+                    at(name),
+                )
+        deadline = task.attrs.get("deadline")
+        if task.movable is True and _is_number(deadline) and math.isfinite(deadline):  # type: ignore[arg-type]
+            if not _at_least(float(deadline), slot.start, slot.duration):  # type: ignore[arg-type]
+                yield r.error(
+                    f"pair_schedule '@{sched.name}' finishes movable task '@{name}' at {slot.start + slot.duration} us, "
+                    f"after its deadline {deadline} us; {fix}",
+                    at(name),
+                )
+    by_stream: dict[str, list[_Slot]] = {}
+    for slot in slots.values():
+        by_stream.setdefault(slot.stream, []).append(slot)
+    for stream in sorted(by_stream):
+        order = sorted(by_stream[stream], key=lambda s: (s.start, s.start + s.duration, s.task.name))
+        # If every task ends before the next one on its stream starts, no two overlap.
+        for a, b in zip(order, order[1:]):
+            if not _at_least(b.start, a.start, a.duration):
+                yield r.error(
+                    f"pair_schedule '@{sched.name}' runs '@{a.task.name}' [{a.start}, {a.start + a.duration}) and "
+                    f"'@{b.task.name}' [{b.start}, {b.start + b.duration}) us on the {stream} stream at once; "
+                    f"a stream runs one task at a time; {fix}",
+                    at(b.task.name),
+                )
+
+
+
+# Checks of plan ops that later passes add live in their own modules and register themselves here.
+from tessera_ir import dbo_checks  # noqa: E402, F401

@@ -157,35 +157,71 @@ def is_shipped_name(name_or_path: str | Path) -> bool:
     return not Path(name_or_path).suffix and "/" not in str(name_or_path)
 
 
-def load_hardware(name_or_path: str | Path) -> Hardware:
-    """Load a hardware description by short name (``h100``, ``cpu``) or by path to a JSON file.
+# Description files given explicitly on a command line, by the text that named them.
+_ALLOWED_FILES: dict[str, Path] = {}
+
+
+def allow_hardware_file(path_text: str) -> None:
+    """Let ``path_text``, a hardware file the user gave explicitly on the command line, be used
+    as a hardware name for the rest of this process (the IR then records it as the target)."""
+    _ALLOWED_FILES[path_text] = Path(path_text)
+
+
+def check_hardware_name(name: object) -> str:
+    """``name`` if it is a shipped description, ``cpu``, or a file allowed by
+    :func:`allow_hardware_file`; else a :class:`HardwareError`.
+
+    Hardware names come from the IR and from pass options, which anyone can write; they
+    never reach the file system as paths of their own (no ``../``, no over-long names).
+    """
+    if isinstance(name, str) and (name in _ALLOWED_FILES or (is_shipped_name(name) and name in shipped_hardware())):
+        return name
+    spelled = repr(name) if len(repr(name)) <= 40 else repr(name)[:37] + "..."
+    raise HardwareError(
+        f"unknown hardware {spelled}; a hardware name in the IR or a pass option is one of "
+        f"{', '.join(shipped_hardware())} (a description file elsewhere is read only when given on the "
+        "command line, e.g. --hardware path/to/gpu.json)"
+    )
+
+
+def load_hardware(name_or_file: str | Path) -> Hardware:
+    """Load a hardware description: a name (``h100``, ``cpu``, or a file the command line gave;
+    see :func:`check_hardware_name`) or a :class:`~pathlib.Path` the program chose itself
+    (a calibration cache, a test's file).
 
     ``cpu`` is the cached calibration of this machine; when there is none this raises,
     naming the command that measures it (loading never benchmarks).
     """
-    if is_shipped_name(name_or_path):
-        if str(name_or_path) == CPU:
+    if isinstance(name_or_file, Path):
+        path = name_or_file
+    else:
+        name = check_hardware_name(name_or_file)
+        if name in _ALLOWED_FILES:
+            path = _ALLOWED_FILES[name]
+        elif name == CPU:
             from passes.costs.calibration_cache import cached_cpu_calibration
 
-            path = cached_cpu_calibration()
-            if path is None:
+            cached = cached_cpu_calibration()
+            if cached is None:
                 raise HardwareError(
                     "the local CPU has not been calibrated yet; run `tessera-calibrate` once "
                     "(or `tessera-compile --hardware cpu`, which calibrates it first)"
                 )
+            path = cached
         else:
-            path = HARDWARE_DIR / f"{name_or_path}.json"
-    else:
-        path = Path(name_or_path)
-    if not path.is_file():
+            path = HARDWARE_DIR / f"{name}.json"
+    if not path.exists():
         raise HardwareError(
-            f"no hardware description '{name_or_path}'; use one of {', '.join(shipped_hardware())} "
+            f"no hardware description file {str(path)[:200]}; use one of {', '.join(shipped_hardware())} "
             "or a path to a JSON file with the same fields"
         )
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise HardwareError(f"{path}:{err.lineno}:{err.colno}: invalid JSON: {err.msg}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        raise HardwareError(f"cannot read the hardware description {str(path)[:200]}: {reason}") from None
     if not isinstance(data, dict):
         raise HardwareError(f"{path}: a hardware description is a JSON object with the fields of h100.json")
     missing = [k for k in _REQUIRED if k not in data]

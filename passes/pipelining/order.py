@@ -13,15 +13,19 @@ micro-batch on one rank.
 The order is Megatron-Core's (``forward_backward_pipelining_with_interleaving``; with
 ``vpp = 1`` its plain 1F1B):
 
-1. Forwards on a rank visit micro-batches in groups of ``pp``: for each group, chunk 0
-   runs the group's micro-batches, then chunk 1, ... Backwards visit the same sequence
-   with the chunks reversed (the last chunk first). ``forward_slot(k)`` /
-   ``backward_slot(k)`` give the (chunk, micro-batch) of a rank's k-th forward / backward.
-   Interleaving (``vpp > 1``) needs ``m`` to be a multiple of ``pp``, as Megatron-Core's
-   interleaved schedule does: with a shorter last group, ranks running their orders in
-   sequence wait on each other for ever (the tests show such a deadlock). Plain 1F1B
-   takes any ``m``.
-2. Warm-up: rank ``r`` first runs ``W(r)`` forwards, ``W = 2·(pp − r − 1) + (vpp − 1)·pp``
+1. Forwards on a rank visit micro-batches in groups of ``group`` (Megatron-Core's
+   ``microbatch_group_size_per_vp_stage``, ``pp`` unless given): for each group, chunk 0
+   runs the group's micro-batches, then chunk 1, ...; the last group holds the micro-batches
+   that remain. Backwards visit the same sequence with the chunks reversed (the last chunk
+   first). ``forward_slot(k)`` / ``backward_slot(k)`` give the (chunk, micro-batch) of a
+   rank's k-th forward / backward. Interleaving (``vpp > 1``) takes a group size in
+   ``[pp, m]`` whose remainder ``m mod group`` is 0 or at least ``pp``, as Megatron-Core
+   does: a last group shorter than ``pp`` stalls ranks running their orders in sequence
+   (dependency bubbles; for some counts they wait on each other for ever, the tests show such
+   a deadlock). So a micro-batch count ``pp``
+   does not divide needs a larger group (pp = 4, m = 10: groups of 5, or 6 then 4). Plain
+   1F1B takes any ``m``.
+2. Warm-up: rank ``r`` first runs ``W(r)`` forwards, ``W = 2·(pp − r − 1) + (vpp − 1)·group``
    (``pp − r − 1`` when ``vpp = 1``), at most all ``m·vpp`` of them.
 3. Steady state: step ``k`` runs forward ``W + k`` and backward ``k``. These two form
    the forward/backward *pair* whose overlap Tessera schedules and costs
@@ -79,55 +83,78 @@ class Action:
         return rank + self.chunk * pp
 
 
-def _check(pp: int, vpp: int, microbatches: int, rank: int | None = None) -> None:
+def _check(pp: int, vpp: int, microbatches: int, rank: int | None = None, group: int | None = None) -> int:
+    """Check the settings; return the micro-batch group size (``pp`` unless ``group`` is given)."""
     for name, value in (("pp", pp), ("vpp", vpp), ("microbatches", microbatches)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if vpp > 1 and microbatches % pp:
-        raise ValueError(
-            f"interleaved 1F1B (vpp = {vpp}) needs the micro-batch count ({microbatches}) to be a multiple of pp ({pp})"
-        )
+    size = pp if group is None else group
+    if vpp > 1:
+        remainder = microbatches % size if size >= 1 else 0
+        if not pp <= size <= microbatches or 0 < remainder < pp:
+            given = f"the micro-batch group size {size}" if group is not None else "groups of pp"
+            raise ValueError(
+                f"interleaved 1F1B (vpp = {vpp}) cannot run {microbatches} micro-batches in {given}: a group size lies "
+                f"in [pp = {pp}, {microbatches}] and leaves a last group of 0 or at least pp micro-batches "
+                f"(with {microbatches} micro-batches not a multiple of pp, give a larger group)"
+            )
     if rank is not None and not 0 <= rank < pp:
         raise ValueError(f"rank must lie in 0..{pp - 1}, got {rank}")
+    return size
 
 
-def warmup_forwards(pp: int, vpp: int, microbatches: int, rank: int, combined: bool = False) -> int:
+def warmup_forwards(pp: int, vpp: int, microbatches: int, rank: int, combined: bool = False, group: int | None = None) -> int:
     """Forwards rank ``rank`` runs before its first backward."""
-    _check(pp, vpp, microbatches, rank)
-    warm = pp - rank - 1 if vpp == 1 else 2 * (pp - rank - 1) + (vpp - 1) * pp
+    size = _check(pp, vpp, microbatches, rank, group)
+    warm = pp - rank - 1 if vpp == 1 else 2 * (pp - rank - 1) + (vpp - 1) * size
     if combined:
         warm += 1
     return min(warm, microbatches * vpp)
 
 
-def forward_slot(k: int, pp: int, vpp: int, microbatches: int) -> Slot:
+def forward_slot(k: int, pp: int, vpp: int, microbatches: int, group: int | None = None) -> Slot:
     """(chunk, micro-batch) of a rank's k-th forward (the same on every rank)."""
-    _check(pp, vpp, microbatches)
+    size = _check(pp, vpp, microbatches, group=group)
     if not 0 <= k < microbatches * vpp:
         raise ValueError(f"forward {k} is beyond the {microbatches * vpp} forwards of a rank")
     if vpp == 1:
         return 0, k
-    group, offset = divmod(k, pp * vpp)  # a group: pp micro-batches through every chunk
-    chunk, index = divmod(offset, pp)
-    return chunk, group * pp + index
+    # Groups start every ``size`` micro-batches; the last one (which may differ) takes the rest.
+    full = (microbatches - 1) // size  # groups before the last one
+    if k < full * size * vpp:
+        index, offset = divmod(k, size * vpp)
+        chunk, position = divmod(offset, size)
+        return chunk, index * size + position
+    first = full * size
+    chunk, position = divmod(k - full * size * vpp, microbatches - first)
+    return chunk, first + position
 
 
-def backward_slot(k: int, pp: int, vpp: int, microbatches: int) -> Slot:
+def backward_slot(k: int, pp: int, vpp: int, microbatches: int, group: int | None = None) -> Slot:
     """(chunk, micro-batch) of a rank's k-th backward: the forward sequence, chunks reversed."""
-    chunk, microbatch = forward_slot(k, pp, vpp, microbatches)
+    chunk, microbatch = forward_slot(k, pp, vpp, microbatches, group)
     return vpp - 1 - chunk, microbatch
 
 
-def rank_order(pp: int, vpp: int, microbatches: int, rank: int, combined: bool = False) -> list[Action]:
+def rank_order(
+    pp: int, vpp: int, microbatches: int, rank: int, combined: bool = False, group: int | None = None
+) -> list[Action]:
     """Every action of rank ``rank`` in execution order (a steady pair: its forward, then its backward)."""
     total = microbatches * vpp
-    warm = warmup_forwards(pp, vpp, microbatches, rank, combined)
-    actions = [Action("fwd", *forward_slot(k, pp, vpp, microbatches), "warmup") for k in range(warm)]
+    warm = warmup_forwards(pp, vpp, microbatches, rank, combined, group)
+
+    def fwd(k: int) -> Slot:
+        return forward_slot(k, pp, vpp, microbatches, group)
+
+    def bwd(k: int) -> Slot:
+        return backward_slot(k, pp, vpp, microbatches, group)
+
+    actions = [Action("fwd", *fwd(k), "warmup") for k in range(warm)]
     for k in range(total - warm):
-        fwd, bwd = forward_slot(warm + k, pp, vpp, microbatches), backward_slot(k, pp, vpp, microbatches)
-        actions.append(Action("fwd", *fwd, "steady", paired_with=bwd))
-        actions.append(Action("bwd", *bwd, "steady", paired_with=fwd))
-    actions += [Action("bwd", *backward_slot(k, pp, vpp, microbatches), "cooldown") for k in range(total - warm, total)]
+        f, b = fwd(warm + k), bwd(k)
+        actions.append(Action("fwd", *f, "steady", paired_with=b))
+        actions.append(Action("bwd", *b, "steady", paired_with=f))
+    actions += [Action("bwd", *bwd(k), "cooldown") for k in range(total - warm, total)]
     return actions
 
 
@@ -135,7 +162,9 @@ class DependentPairError(AssertionError):
     """A combined-1F1B pair whose two sides are one micro-batch's forward and backward of one chunk."""
 
 
-def steady_pairs(pp: int, vpp: int, microbatches: int, rank: int, combined: bool = False) -> list[tuple[Slot, Slot]]:
+def steady_pairs(
+    pp: int, vpp: int, microbatches: int, rank: int, combined: bool = False, group: int | None = None
+) -> list[tuple[Slot, Slot]]:
     """(forward slot, backward slot) of every steady-state pair of ``rank``, in order.
 
     In the combined order the two sides of a pair run at the same time, so they must be
@@ -143,7 +172,7 @@ def steady_pairs(pp: int, vpp: int, microbatches: int, rank: int, combined: bool
     same chunk (the backward needs that very forward) is an error in the order itself.
     """
     pairs = []
-    for a in rank_order(pp, vpp, microbatches, rank, combined):
+    for a in rank_order(pp, vpp, microbatches, rank, combined, group):
         if a.direction != "fwd" or a.paired_with is None:
             continue
         fwd = (a.chunk, a.microbatch)

@@ -13,7 +13,8 @@ from tessera_ir.summary import summarize
 def test_summary_shape_and_totals():
     module = captured(str(TINY))
     summary = summarize(module)
-    assert list(summary) == ["model", "parameters", "layers", "tasks"]
+    assert list(summary) == ["model", "parameters", "layers", "tasks", "warnings"]
+    assert summary["warnings"] == []
     assert summary["model"] == "tiny_qwen3_next"
     assert summary["parameters"] == module.attrs["parameters"]
     assert summary["tasks"] == sum(len(layer.tasks) for layer in module.layers)

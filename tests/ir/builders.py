@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tessera_ir.kinds import MIXER_OPS, WEIGHTED_OPS, FfnKind, LayerRole, MixerKind, Phase, TaskOp, resource_of
-from tessera_ir.model import Attrs, Layer, Module, PlanEntry, PlanOp, Task
+from tessera_ir.model import Attrs, Layer, Module, PlanEntry, PlanOp, SymbolRef, Task
 
 # (task name, op, phase) -> core fields (flops, bytes, param_bytes, act_bytes, shapes) and extra attrs.
 FieldsFn = Callable[[str, TaskOp, Phase], tuple[dict[str, Any], Attrs]]
@@ -122,21 +122,54 @@ def build_module(
     return module
 
 
-def add_pair_schedule(module: Module, name: str, tasks: list[Task], attrs: Attrs | None = None) -> PlanOp:
-    """A pair-schedule plan op with one entry per task, start times in order."""
-    entries = [
-        PlanEntry(t.name, {"start": float(i) * 1.5, "stream": t.resource.value}) for i, t in enumerate(tasks)
+def add_pair_schedule(module: Module, name: str, fwd: list[Layer], bwd: list[Layer]) -> PlanOp:
+    """A ``pair`` op of ``fwd``'s forward tasks beside ``bwd``'s backward tasks, and a valid
+    ``pair_schedule`` of it: list scheduling in dependency order, each task as early as its
+    dependencies (inside its side) and its stream allow. A task lasts its ``duration_us``
+    when it has one, else 1.5 us; a movable task's ``deadline`` is moved to its finish
+    when the schedule needs more time. Returns the schedule op."""
+    sides = [
+        [t for layer in fwd for t in layer.tasks if t.phase is Phase.FWD],
+        [t for layer in bwd for t in layer.tasks if t.phase is not Phase.FWD],
     ]
-    op = PlanOp("pair_schedule", name, dict(attrs or {"makespan": float(len(tasks)) * 1.5}), entries)
-    module.plan.append(op)
-    return op
+    stream_free = {"compute": 0.0, "comm": 0.0}
+    entries: list[PlanEntry] = []
+    for side in sides:
+        names = {t.name for t in side}
+        finish: dict[str, float] = {}
+        pending = list(side)
+        while pending:  # repeated sweeps: a task goes once its dependencies in the side are placed
+            waiting = []
+            for t in pending:
+                deps = [d for d in t.deps if d in names]
+                if any(d not in finish for d in deps):
+                    waiting.append(t)
+                    continue
+                cost = t.attrs.get("duration_us")
+                duration = float(cost) if isinstance(cost, (int, float)) and not isinstance(cost, bool) else 1.5
+                stream = t.resource.value
+                start = max([stream_free[stream], *(finish[d] for d in deps)])
+                finish[t.name] = stream_free[stream] = start + duration
+                deadline = t.attrs.get("deadline")
+                if t.movable and isinstance(deadline, (int, float)) and deadline < finish[t.name]:
+                    t.attrs["deadline"] = finish[t.name]
+                entries.append(PlanEntry(t.name, {"duration": duration, "start": start, "stream": stream}))
+            assert len(waiting) < len(pending), "dependency cycle inside a pair side"
+            pending = waiting
+    pair = PlanOp("pair", f"{name}.pair", {"fwd": [SymbolRef(x.name) for x in fwd], "bwd": [SymbolRef(x.name) for x in bwd]})
+    makespan = max(stream_free.values())
+    sched = PlanOp("pair_schedule", name, {"makespan": makespan, "pairs": [SymbolRef(pair.name)]}, entries)
+    pair.attrs["schedule"] = SymbolRef(name)
+    module.plan += [pair, sched]
+    return sched
 
 
 def qwen3_next_like(num_layers: int = 94) -> Module:
     """A Qwen3-Next-sized module: three linear-attention layers per softmax-attention layer, all MoE.
 
     With 94 decoder layers it holds about 1,500 tasks (16 per layer) and prints to
-    about 0.6 MB, every task carrying pass attributes and sitting in a pair schedule;
+    about 0.6 MB, every task carrying pass attributes and sitting in a pair schedule
+    (one pair per layer: its forward beside its backward);
     125 layers give about 2,000 tasks, 165 layers about 1 MB.
     """
 
@@ -162,9 +195,9 @@ def qwen3_next_like(num_layers: int = 94) -> Module:
         fields=fields,
         module_attrs={"dtype": "bf16", "ep": 8, "pp": 8, "vpp": 2, "seq_len": 4096, "microbatches": 16},
     )
-    tasks = list(module.tasks())
-    for start in range(0, len(tasks), 100):
-        add_pair_schedule(module, f"pair{start // 100}", tasks[start : start + 100])
+    # Every task sits in a pair schedule: each layer's forward beside its own backward.
+    for layer in module.layers:
+        add_pair_schedule(module, f"sched.{layer.name}", [layer], [layer])
     for i in range(0, num_layers, 6):
         module.plan.append(
             PlanOp("candidate", f"cand{i}", {"stage": i // 6, "first": i, "last": min(i + 5, num_layers - 1)})

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from tessera_ir.kinds import FfnKind, MixerKind, Phase, TaskOp
 from tessera_ir.model import Attrs, Module, PlanEntry, PlanOp, SymbolRef, Value
 
-from .builders import DecoderSpec, build_module, layer_ops
+from .builders import DecoderSpec, add_pair_schedule, build_module, layer_ops
 
 CORE_FIELDS = {"flops", "bytes", "param_bytes", "act_bytes", "shapes", "movable"}
 # Pass attributes with value rules (attributes-legal); random keys avoid them and
@@ -154,6 +154,16 @@ def valid_modules(draw: st.DrawFn, max_decoders: int = 4) -> Module:
             PlanEntry(ref, {**draw(attr_dicts(all_refs, max_size=2)), **draw(pass_attrs("compute"))})
             for ref in entry_refs
         ]
-        kind = draw(st.sampled_from(["candidate", "pair_schedule", "partition", "dbo_slots", "task", "layer"]))
+        kind = draw(st.sampled_from(["candidate", "partition", "dbo_slots", "task", "layer"]))
         module.plan.append(PlanOp(kind, op_name, draw(attr_dicts(all_refs)), entries))
+    add_pair = draw(st.booleans())
+    if module.layers and add_pair:
+        # A pair and a valid schedule of it (the verifier checks schedules).
+        fwd = draw(st.lists(st.sampled_from(module.layers), unique_by=lambda layer: layer.name, max_size=2))
+        bwd = draw(st.lists(st.sampled_from(module.layers), unique_by=lambda layer: layer.name, max_size=2))
+        name = "sched"
+        while name in taken or f"{name}.pair" in taken:
+            name += "_"
+        if fwd or bwd:
+            add_pair_schedule(module, name, fwd, bwd)
     return module

@@ -97,6 +97,12 @@ def test_golden_file_locations() -> None:
         if key == "module":
             continue
         kind, _, name = key.partition(":")
+        if kind == "entry":
+            # An entry's position is the start of the @reference it begins with.
+            op_name, _, ref = name.partition(":")
+            assert lines[line - 1][column - 1 :].startswith(f"@{ref} "), key
+            assert any(e.ref == ref for op in module.plan if op.name == op_name for e in op.entries), key
+            continue
         # Each entity's position is the start of its keyword, and its name follows.
         assert lines[line - 1][column - 1 :].startswith(f"{kind} "), key
         assert f"@{name} " in lines[line - 1], key

@@ -13,7 +13,7 @@ from tessera_ir.kinds import FfnKind, MixerKind, Phase, Resource, TaskOp
 from tessera_ir.model import Module, PlanEntry, PlanOp, SymbolRef, Task
 from tessera_ir.verifier import CHECKS, collect_errors
 
-from .builders import DecoderSpec, build_module, qwen3_next_like
+from .builders import DecoderSpec, add_pair_schedule, build_module, qwen3_next_like
 
 INVALID = sorted((Path(__file__).parent / "invalid").glob("*_invalid.tir"))
 CHECK_LINE = re.compile(r"// CHECK-ERROR: ([a-z-]+): (.+)")
@@ -140,8 +140,8 @@ def test_comm_task_with_flops_and_bad_pass_attributes() -> None:
     expected = [
         "comm tasks compute nothing",
         "'duration_us' of task '@l0.router.fwd' is -1.0",
-        "'stream' of task '@l0.router.fwd' is 'gpu'",
-        "'start' of task '@l0.router.fwd' is True",
+        "'stream' of task '@l0.router.fwd' is \"gpu\"",
+        "'start' of task '@l0.router.fwd' is true",
         "'deadline' of task '@l0.router.fwd' is -3",
         "shapes = [[4, 0]]",
         "attribute 'weird' of task '@l0.router.dgrad' is nan",
@@ -213,3 +213,122 @@ def test_large_module_is_clean_and_a_late_error_is_found() -> None:
     wgrad.deps = ["l93.expert_gemm.fwd"]
     (message,) = _errors(module, "wgrad-after-dgrad")
     assert "'@l93.expert_gemm.dgrad'" in message
+
+
+# --- schedules-valid ------------------------------------------------------------------------------
+
+
+def _scheduled() -> tuple[Module, PlanOp]:
+    """A module whose layer l0 (MoE with a shared expert) has its forward beside its backward,
+    scheduled validly; each test breaks one rule of the schedule."""
+    module = _module()
+    sched = add_pair_schedule(module, "sched.0", [module.layers[1]], [module.layers[1]])
+    assert collect_errors(module) == []
+    return module, sched
+
+
+def _entry(sched: PlanOp, ref: str) -> dict:
+    return next(e.attrs for e in sched.entries if e.ref == ref)
+
+
+def _schedule_errors(module: Module) -> list[str]:
+    return _errors(module, "schedules-valid")
+
+
+def test_schedule_dependency_must_finish_first() -> None:
+    module, sched = _scheduled()
+    _entry(sched, "l0.dispatch.fwd")["start"] = 2.0  # alone on the comm stream still
+    (message,) = _schedule_errors(module)
+    assert "starts '@l0.dispatch.fwd' at 2.0 us, before its dependency '@l0.router.fwd' finishes at 3.0 us" in message
+    assert message.endswith("rerun the overlap-schedule pass to rebuild the schedule")
+
+
+def test_schedule_streams_are_exclusive_and_match_the_resource() -> None:
+    module, sched = _scheduled()
+    # After its own dgrad still, but beside another compute task.
+    _entry(sched, "l0.shared_expert.wgrad")["start"] = _entry(sched, "l0.expert_gemm.dgrad")["start"]
+    (message,) = _schedule_errors(module)
+    assert "runs '@l0.expert_gemm.dgrad' [13.5, 15.0) and '@l0.shared_expert.wgrad' [13.5, 15.0) us on the compute stream at once" in message
+    module, sched = _scheduled()
+    _entry(sched, "l0.dispatch.fwd")["stream"] = "compute"
+    assert any('has stream = "compute", but the task runs on "comm"' in m for m in _schedule_errors(module))
+
+
+def test_schedule_places_every_task_once() -> None:
+    module, sched = _scheduled()
+    dropped = sched.entries.pop(3)
+    assert _schedule_errors(module) == [
+        f"plan pair_schedule '@sched.0' has no entry for @{dropped.ref} of pair '@sched.0.pair'; every task of the "
+        "pair is placed once; rerun the overlap-schedule pass to rebuild the schedule"
+    ]
+    module, sched = _scheduled()
+    sched.entries.append(PlanEntry(sched.entries[0].ref, dict(sched.entries[0].attrs)))
+    assert any("places task '@l0.linear_attention.fwd' more than once" in m for m in _schedule_errors(module))
+    module, sched = _scheduled()
+    sched.entries.append(PlanEntry("embed.embedding.fwd", {"start": 0.0, "duration": 1.5, "stream": "compute"}))
+    assert any("'@embed.embedding.fwd', which is not a task of pair '@sched.0.pair'" in m for m in _schedule_errors(module))
+
+
+def test_schedule_times_are_finite_non_negative_numbers() -> None:
+    for field, value, expected in [
+        ("start", -1.0, "has start = -1.0"),
+        ("duration", float("inf"), "has duration = inf"),
+        ("start", "0", 'has start = "0"'),
+        ("start", True, "has start = true"),
+        ("duration", None, "has no 'duration'"),
+    ]:
+        module, sched = _scheduled()
+        if value is None:
+            del _entry(sched, "l0.router.fwd")[field]
+        else:
+            _entry(sched, "l0.router.fwd")[field] = value
+        assert any(expected in m for m in _schedule_errors(module)), (field, value, _schedule_errors(module))
+
+
+def test_schedule_durations_follow_duration_us_and_deadlines_hold() -> None:
+    module, sched = _scheduled()
+    module.task_map()["l0.router.fwd"].attrs["duration_us"] = 2.5  # the schedule still says 1.5
+    assert any("lasts 1.5 us, but the task's duration_us is 2.5 us" in m for m in _schedule_errors(module))
+    module, sched = _scheduled()
+    wgrad = module.task_map()["l0.expert_gemm.wgrad"]
+    end = _entry(sched, wgrad.name)["start"] + _entry(sched, wgrad.name)["duration"]
+    wgrad.attrs["deadline"] = end  # finishing exactly at the deadline is on time
+    assert _schedule_errors(module) == []
+    wgrad.attrs["deadline"] = end - 0.5
+    assert any(f"finishes movable task '@{wgrad.name}' at {end} us, after its deadline" in m for m in _schedule_errors(module))
+
+
+def test_schedule_tolerance_is_the_z3_checkers() -> None:
+    module, sched = _scheduled()
+    dispatch = _entry(sched, "l0.dispatch.fwd")
+    dispatch["start"] -= 0.9e-6  # rounding of sums of floats: within 1e-6 us, accepted
+    assert _schedule_errors(module) == []
+    dispatch["start"] -= 0.2e-6
+    (message,) = _schedule_errors(module)
+    assert "before its dependency '@l0.router.fwd'" in message
+
+
+def test_schedule_must_name_pairs_that_list_layers() -> None:
+    module, sched = _scheduled()
+    sched.attrs["pairs"] = []
+    assert _schedule_errors(module) == [
+        "plan pair_schedule '@sched.0' names no pair; a pair_schedule lists the pairs it schedules as pairs = [@pair.0, ...]"
+    ]
+    module, sched = _scheduled()
+    sched.attrs["pairs"] = [SymbolRef("l0")]
+    assert _schedule_errors(module) == ["plan pair_schedule '@sched.0' lists @l0 under 'pairs', which is no pair op"]
+    module, sched = _scheduled()
+    pair = module.plan[-2]
+    pair.attrs["fwd"] = [SymbolRef("l0"), SymbolRef("l0")]
+    assert _schedule_errors(module) == [
+        "plan pair_schedule '@sched.0' cannot be checked: pair '@sched.0.pair' lists layer '@l0' twice under 'fwd'"
+    ]
+
+
+def test_a_shared_schedule_fits_every_pair_it_names() -> None:
+    module, sched = _scheduled()
+    other = PlanOp("pair", "other", {"fwd": [SymbolRef("l1")], "bwd": [SymbolRef("l1")]})
+    module.plan.append(other)
+    sched.attrs["pairs"] = [SymbolRef("sched.0.pair"), SymbolRef("other")]
+    (message,) = _schedule_errors(module)
+    assert "is shared by pairs that differ: pair '@other' has" in message

@@ -84,7 +84,7 @@ def test_literal_union_and_optional_options() -> None:
 @pytest.mark.parametrize(
     ("spec", "fragment"),
     [
-        ("nope", "unknown pass 'nope'; known passes: candidates, overlap-schedule"),
+        ("nope", "unknown pass 'nope'; known passes: candidates, dbo-slots, overlap-schedule"),
         ("test-tag{bogus=1}", "has no option 'bogus'; its options: value, label"),
         ("test-tag{value=abc}", "option 'value' of pass 'test-tag' takes int, got 'abc'"),
         ("test-tag{value=1.5}", "takes int, got '1.5'"),

@@ -63,7 +63,7 @@ def add_pair(module: Module, name: str, fwd: list[str], bwd: list[str], with_sch
         dag = pair_dag(module, op)
         module.plan.remove(op)
         starts = list_schedule(dag)
-        sched = PlanOp("pair_schedule", f"sched.{name}", {"method": "list"})
+        sched = PlanOp("pair_schedule", f"sched.{name}", {"method": "list", "pairs": [SymbolRef(name)]})
         orders = {Resource.COMPUTE: 0, Resource.COMM: 0}
         for t, s in sorted(zip(dag.tasks, starts), key=lambda p: p[1]):
             sched.entries.append(PlanEntry(t.name, {

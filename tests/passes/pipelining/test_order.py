@@ -28,20 +28,26 @@ GRID = [
 ]
 
 
-def enumerate_megatron(pp: int, vpp: int, m: int, rank: int, combined: bool = False) -> list[tuple]:
+# Micro-batch counts pp does not divide, with group sizes Megatron-Core accepts for them
+# (``microbatch_group_size_per_vp_stage``), and a whole-group case with groups larger than pp.
+GROUP_GRID = [(4, 2, 10, 5), (4, 2, 10, 6), (4, 3, 9, 5), (4, 3, 9, 9), (8, 2, 20, 12), (3, 2, 7, 4), (3, 4, 11, 4), (4, 2, 16, 8)]
+
+
+def enumerate_megatron(pp: int, vpp: int, m: int, rank: int, combined: bool = False, group: int | None = None) -> list[tuple]:
     """Megatron-Core's loop, written out literally: the schedule table of (micro-batch, chunk) in
-    groups of pp micro-batches (the last group takes what is left), a warm-up of forwards, then
-    one forward and one backward per step, then the remaining backwards."""
+    groups of ``group`` micro-batches (pp by default; the last group takes what is left), a
+    warm-up of forwards, then one forward and one backward per step, then the remaining backwards."""
+    size = group or pp
     table = []
-    for start in range(0, m, pp):
-        stop = m if start + pp >= m else start + pp
+    for start in range(0, m, size):
+        stop = m if start + size >= m else start + size
         for chunk in range(vpp):
             for mb in range(start, stop):
                 table.append((chunk, mb))
     forwards = table
     backwards = [(vpp - 1 - chunk, mb) for chunk, mb in table]
     total = m * vpp
-    warm = pp - rank - 1 if vpp == 1 else (pp - rank - 1) * 2 + (vpp - 1) * pp
+    warm = pp - rank - 1 if vpp == 1 else (pp - rank - 1) * 2 + (vpp - 1) * size
     if combined:
         warm += 1
     warm = min(warm, total)
@@ -99,8 +105,8 @@ def runs_to_completion(orders: dict[int, list[tuple]], pp: int, vpp: int, m: int
     return rounds
 
 
-def run_all_ranks(pp: int, vpp: int, m: int, combined: bool = False) -> int:
-    rounds = runs_to_completion({r: as_tuples(rank_order(pp, vpp, m, r, combined)) for r in range(pp)}, pp, vpp, m)
+def run_all_ranks(pp: int, vpp: int, m: int, combined: bool = False, group: int | None = None) -> int:
+    rounds = runs_to_completion({r: as_tuples(rank_order(pp, vpp, m, r, combined, group)) for r in range(pp)}, pp, vpp, m)
     assert rounds is not None, f"the orders of pp={pp} vpp={vpp} m={m} deadlock"
     return rounds
 
@@ -149,6 +155,26 @@ def test_interleaving_refuses_partial_groups() -> None:
     # Why: with a shorter last group, in-order execution deadlocks (the literal table order).
     table_order = {r: enumerate_megatron(4, 3, 5, r) for r in range(4)}
     assert not runs_to_completion(table_order, 4, 3, 5)
+
+
+@pytest.mark.parametrize("combined", [False, True])
+@pytest.mark.parametrize("pp,vpp,m,group", GROUP_GRID)
+def test_micro_batch_counts_pp_does_not_divide_run_in_larger_groups(pp: int, vpp: int, m: int, group: int, combined: bool) -> None:
+    for rank in range(pp):
+        ours = as_tuples(rank_order(pp, vpp, m, rank, combined, group))
+        assert ours == enumerate_megatron(pp, vpp, m, rank, combined, group), (pp, vpp, m, group, rank)
+    run_all_ranks(pp, vpp, m, combined, group)
+    if combined:
+        for rank in range(pp):
+            assert all(f != b for f, b in steady_pairs(pp, vpp, m, rank, combined=True, group=group))
+
+
+@pytest.mark.parametrize("pp,vpp,m,group", [(4, 2, 10, 4), (4, 2, 10, 3), (4, 2, 10, 11), (4, 3, 9, 7)])
+def test_group_sizes_megatron_core_refuses_are_refused(pp: int, vpp: int, m: int, group: int) -> None:
+    # Outside [pp, m], or a last group of 1..pp-1 micro-batches, which stalls the pipeline
+    # (dependency bubbles; with some counts for ever, see test_interleaving_refuses_partial_groups).
+    with pytest.raises(ValueError, match="group size"):
+        rank_order(pp, vpp, m, 0, group=group)
 
 
 def test_meeting_chunks_interleaved_1f1b() -> None:
@@ -248,8 +274,10 @@ def test_the_pair_builder_refuses_dependent_pairs(monkeypatch: pytest.MonkeyPatc
     # backward of one chunk on the last rank: steady_pairs says so instead of building the pair.
     plain_warmup = order.warmup_forwards
 
-    def forgetful(pp: int, vpp: int, microbatches: int, rank: int, combined: bool = False) -> int:
-        return plain_warmup(pp, vpp, microbatches, rank, False)
+    def forgetful(
+        pp: int, vpp: int, microbatches: int, rank: int, combined: bool = False, group: int | None = None
+    ) -> int:
+        return plain_warmup(pp, vpp, microbatches, rank, False, group)
 
     monkeypatch.setattr(order, "warmup_forwards", forgetful)
     with pytest.raises(DependentPairError, match="depends on that forward"):

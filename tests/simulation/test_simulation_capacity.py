@@ -1,0 +1,59 @@
+"""The capacity report: summaries over iterations, JSON and text."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from passes.simulation.capacity import CapacityReport, run_iterations, summarize
+from passes.simulation.engine import DboSettings
+from passes.simulation.routing import RoutingModel, RoutingSpec
+
+from sim_builders import moe_input
+
+
+def _report() -> CapacityReport:
+    inp = moe_input(4, 2, 8)
+    routing = RoutingModel(RoutingSpec("zipf", zipf_s=0.6, seed=2), num_experts=16, top_k=2, ep=4, tokens_per_rank=512,
+                           moe_layers=list(range(inp.decoder_layers)), decoder_layers=inp.decoder_layers, microbatches=8)
+    static = summarize("static", run_iterations(inp, routing, 3))
+    dynamic = summarize("dbo", run_iterations(inp, routing, 3, DboSettings(4000)))
+    mean = float(sum(routing.imbalance(i).mean() for i in range(3)) / 3)
+    return CapacityReport("moe", "test-hw", routing.spec.describe(), mean, static, dynamic)
+
+
+def test_summary_figures_are_consistent() -> None:
+    report = _report()
+    s = report.static
+    assert s.iterations == 3
+    assert s.iteration_min_us <= s.iteration_us <= s.iteration_max_us
+    assert len(s.stage_us) == 4 and len(s.peak_bytes) == 4
+    assert s.stage_imbalance >= 1.0
+    assert s.idle_us == pytest.approx(s.pipeline_wait_us + s.in_step_idle_us)
+    assert all(0.0 <= v <= 1.0 for v in s.exposed.values())
+    assert s.dbo is None and report.dynamic is not None and report.dynamic.dbo is not None
+    assert report.dynamic.dbo.offered > 0
+    assert report.memory_added_bytes >= 0
+
+
+def test_json_is_deterministic_and_complete() -> None:
+    a, b = _report().to_json(), _report().to_json()
+    assert a == b
+    doc = json.loads(a)
+    assert set(doc) >= {"static", "dbo", "dbo_iteration_reduction", "dbo_memory_added_gib", "mean_load_imbalance"}
+    assert set(doc["static"]["exposed_fraction"]) == {"dispatch", "combine", "p2p", "grad_reduce"}
+    assert "placed" in doc["dbo"]["dbo"]
+
+
+def test_text_names_every_quantity() -> None:
+    text = _report().render()
+    for needle in ("iteration time", "tokens/s", "MFU", "between steps", "inside steps", "exposed dispatch",
+                   "exposed pipeline send/recv", "exposed gradient reduction", "stage imbalance", "rank  3", "DBO:",
+                   "idle recovered", "memory added"):
+        assert needle in text, needle
+
+
+def test_summarize_refuses_nothing() -> None:
+    with pytest.raises(ValueError):
+        summarize("x", [])
