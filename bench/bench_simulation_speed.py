@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     capture_s = time.perf_counter() - t
     rows = []
     print(f"{args.workload} PP{args.pp} VPP{args.vpp} EP{args.ep} m{args.microbatches} (captured in {capture_s:.1f} s)")
-    print(f"{'config':12} {'build s':>8} {'tasks':>8} {'1 iteration s':>14} {'vs 2 s':>7} {f'{args.iterations} iterations s':>17} {'vs 60 s':>8}")
+    print(f"{'config':12} {'build s':>8} {'tasks':>8} {'1 iteration s':>14} {'vs 2 s':>7} {f'{args.iterations} iterations s':>17} {'vs 60 s':>8} {'cpu s':>7}")
     for label, dbo in (("static", False), ("with DBO", True)):
         t = time.perf_counter()
         builder = SimulationBuilder(PlanView(module), BuildOptions(method="gap-fit", dbo=dbo))
@@ -71,14 +72,16 @@ def main(argv: list[str] | None = None) -> int:
             t = time.perf_counter()
             simulate(inp, imbalance, dbo=settings)
             one.append(time.perf_counter() - t)
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         run_iterations(inp, routing, args.iterations, settings)
-        many = time.perf_counter() - t
+        many, many_cpu = time.perf_counter() - t, time.process_time() - cpu
         tasks = sum(len(a.program.tasks) for actions in inp.ranks for a in actions)
         one_s = statistics.median(one)
-        print(f"{label:12} {build_s:8.2f} {tasks:8d} {one_s:14.3f} {one_s / MARK_ONE_S:6.2f}x {many:17.1f} {many / MARK_MANY_S:7.2f}x")
+        print(f"{label:12} {build_s:8.2f} {tasks:8d} {one_s:14.3f} {one_s / MARK_ONE_S:6.2f}x {many:17.1f} {many / MARK_MANY_S:7.2f}x {many_cpu:7.1f}")
         rows.append({"config": label, "build_s": round(build_s, 3), "tasks_per_iteration": tasks,
-                     "one_iteration_s": round(one_s, 4), "iterations": args.iterations, "iterations_s": round(many, 2)})
+                     "one_iteration_s": round(one_s, 4), "iterations": args.iterations, "iterations_s": round(many, 2), "iterations_cpu_s": round(many_cpu, 2)})
+    # The machine may be shared: wall time above CPU time means the run waited for a core.
+    print(f"load average during the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"workload": args.workload, "pp": args.pp, "vpp": args.vpp, "ep": args.ep,
