@@ -33,9 +33,11 @@ def _enum(value: Any) -> Any:
 
 
 def cost_source(module: Module) -> tuple[str, str]:
-    """(profile mode, hardware) the plan's costs came from."""
+    """(profile mode, hardware) the plan's costs came from: the hardware the profile priced pairs
+    on (``profile_hardware``: the calibrated ``cpu`` after a measured profile on CPU), else the
+    target (``hardware``)."""
     mode = str(module.attrs.get("profile_mode", "none"))
-    hardware = str(module.attrs.get("hardware", module.attrs.get("profile_hardware", "none")))
+    hardware = str(module.attrs.get("profile_hardware", module.attrs.get("hardware", "none")))
     return mode, hardware
 
 

@@ -99,6 +99,7 @@ PASS_REGISTRY: dict[str, str] = {
     "profile": "passes.profile:ProfilePass",
     "partition": "passes.partition:PartitionPass",
     "dbo-slots": "passes.dbo_slots:DboSlotsPass",
+    "pipeline": "passes.pipeline:PipelinePass",
 }
 
 

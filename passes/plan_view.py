@@ -182,6 +182,7 @@ class PlanView:
         self._pairs: dict[str, Pair] = {}
         self._positions: dict[tuple[str, int, int], list[int]] = {}
         self._entries: dict[str, dict[str, PlanEntry]] = {}
+        self._chunk_schedules: dict[tuple[ChunkKey, ChunkKey], tuple[list[ScheduledTask], str]] = {}
 
     # ------------------------------------------------------------------ target and durations
 
@@ -436,6 +437,37 @@ class PlanView:
             order = self._stream_positions(pair, dag)
         tasks = self.tasks
         return [ScheduledTask(tasks[t.name], t.resource.value, order[i], deps[i]) for i, t in enumerate(dag.tasks)]
+
+    def chunk_schedule(self, fwd_layers: Sequence[Layer], bwd_layers: Sequence[Layer]) -> tuple[list[ScheduledTask], str]:
+        """The forward of ``fwd_layers`` beside the backward of ``bwd_layers`` in a stream order, and
+        where the order came from (``@sched.N``, or ``gap-fit``). Either side may be empty: a chunk's
+        forward alone (warm-up) or backward alone (cool-down).
+
+        The plan's schedule when a pair op with one holds these chunks; otherwise (a lone chunk, or
+        chunks the planned order never paired) the gap-fit heuristic schedules them now. Cached per
+        view: a pipeline runs each combination many times.
+        """
+        key = (tuple(x.name for x in fwd_layers), tuple(x.name for x in bwd_layers))
+        got = self._chunk_schedules.get(key)
+        if got is not None:
+            return got
+        pair = self.pair_for(fwd_layers, bwd_layers) if fwd_layers and bwd_layers else None
+        if pair is not None and pair.schedule is not None:
+            got = self.scheduled_tasks(pair), f"@{pair.schedule.name}"
+        else:
+            from passes.scheduling.gap_fit import gap_fit
+
+            name = f"{'+'.join(key[0]) or '-'}|{'+'.join(key[1]) or '-'}"
+            fwd = self._side(fwd_layers, FWD, name) if fwd_layers else []
+            bwd = self._side(bwd_layers, BWD, name) if bwd_layers else []
+            dag = join_sides(fwd, bwd, name)
+            order = gap_fit(dag).order_of()
+            got = [
+                ScheduledTask(self.tasks[t.name], t.resource.value, order[i], tuple(dag.tasks[d].name for d in t.deps))
+                for i, t in enumerate(dag.tasks)
+            ], "gap-fit"
+        self._chunk_schedules[key] = got
+        return got
 
     def _stream_positions(self, pair: Pair, dag: PairDAG) -> list[int]:
         """Each DAG task's position on its stream in the pair's schedule: by the entry's ``order``,

@@ -19,6 +19,7 @@ import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import NamedTuple
 
 from runtime.errors import PlanError
 
@@ -139,8 +140,9 @@ class SlotInfo:
     gemm_us: float  # routing-dependent expert GEMM time the slot waits on
 
 
-@dataclass(frozen=True)
-class Instr:
+class Instr(NamedTuple):
+    """One instruction (a named tuple: plans hold hundreds of thousands, and tuples are cheap)."""
+
     op: Op
     stream: Stream = Stream.COMPUTE
     aux: int = 0

@@ -16,9 +16,10 @@ if TYPE_CHECKING:
     from passes.simulation.capacity import CapacityReport
     from passes.simulation.routing import RoutingKind
 
-# The planning pipeline `tessera-compile` runs after capture, in the order of
-# DESIGN.md (the per-rank programs come later).
-DEFAULT_PIPELINE = "candidates,overlap-schedule,profile,partition,dbo-slots"
+# The planning pipeline `tessera-compile` runs after capture, in the order of DESIGN.md:
+# it ends with the per-rank programs (with the DBO slots `dbo-slots` placed), which
+# `-o plan.tsb` writes as bytecode.
+DEFAULT_PIPELINE = "candidates,overlap-schedule,profile,partition,dbo-slots,pipeline"
 
 
 def capture(source: Any, layer_kinds: Any = None, **parallel: Any) -> Module:
@@ -94,6 +95,13 @@ def load_ir(path: str | Path) -> Module:
 
 def save_ir(module: Module, path: str | Path) -> None:
     write_atomic(path, print_module(module))
+
+
+def save_plan(module: Module, path: str | Path) -> None:
+    """Write ``module``'s per-rank programs as plan bytecode (``.tsb``), atomically."""
+    from codegen.emit import plan_bytes
+
+    write_atomic(path, plan_bytes(module))
 
 
 def report(module: Module) -> str:

@@ -54,16 +54,27 @@ PARALLEL_FLAGS: list[tuple[str, Callable[[str], object], str]] = [
 ]
 
 
-def _ir_output(run: Run, path: str | None, flag: str = "-o") -> str | None:
-    """Declare an output file for textual IR; bytecode does not exist yet."""
+def _plan_output(run: Run, path: str | None, emit: str = "ir", flag: str = "-o") -> str | None:
+    """Declare the output file of the plan: textual IR, or with ``emit="tsb"`` its bytecode."""
     if path is None:
         return None
-    if path.endswith(".tsb"):
+    if emit == "ir" and path.endswith(".tsb"):
         raise TesseraError(
-            f"{flag} {path}: this version writes textual IR only; bytecode (.tsb) comes with the runtime; "
-            "write the plan as .tir"
+            f"{flag} {path}: this writes textual IR only; bytecode comes from tessera-compile -o plan.tsb "
+            "(or --emit tsb); name the output .tir"
         )
+    if emit == "tsb" and path == "-" and sys.stdout.isatty():
+        raise TesseraError("refusing to write bytecode to a terminal; give -o plan.tsb")
     return run.output_file(path, flag)
+
+
+def _render_plan(module: Module, emit: str) -> str | bytes:
+    """The module as textual IR, or (``emit="tsb"``) its per-rank programs as bytecode."""
+    if emit == "tsb":
+        from codegen.emit import plan_bytes
+
+        return plan_bytes(module)
+    return print_module(module)
 
 
 def _dump_callback(run: Run, spec: str | None, dump_dir: str | None) -> Callable[[ModulePass, Module], None] | None:
@@ -122,7 +133,9 @@ def _compile_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("source", help="model.py with build_model(), hf:<model_type>, or a path to an HF config.json")
     p.add_argument("-o", "--output", help="output file ('-' for stdout)")
-    p.add_argument("--emit", choices=["ir"], default="ir", help="what to write to -o: ir (textual Tessera IR)")
+    p.add_argument("--emit", choices=["ir", "tsb"], default=None,
+                   help="what to write to -o: ir (textual Tessera IR) or tsb (the plan's bytecode, for the runtime); "
+                   "default: tsb when -o ends in .tsb, else ir")
     p.add_argument("--summary-json", metavar="PATH", help="write the per-layer summary as JSON")
     p.add_argument("--partition-json", metavar="PATH", help="write the chosen partition as JSON (needs the partition pass)")
     p.add_argument("--report", action="store_true", help="print the report of where the time goes")
@@ -204,7 +217,8 @@ def _compile(args: argparse.Namespace, run: Run) -> int:
             "nothing to do: give -o FILE, --summary-json FILE, --partition-json FILE, --report, --report-json FILE, "
             "--trace FILE or --timeline FILE"
         )
-    output = _ir_output(run, args.output)
+    emit = args.emit or ("tsb" if args.output and args.output.endswith(".tsb") else "ir")
+    output = _plan_output(run, args.output, emit)
     summary = run.output_file(args.summary_json, "--summary-json") if args.summary_json else None
     partition = run.output_file(args.partition_json, "--partition-json") if args.partition_json else None
     capacity_files = {
@@ -243,7 +257,7 @@ def _compile(args: argparse.Namespace, run: Run) -> int:
 
     # Render everything before writing anything, so a failure leaves no output at all.
     if output:
-        run.add(output, print_module(module))
+        run.add(output, _render_plan(module, emit))
     if summary:
         run.add(summary, json.dumps(summarize(module), indent=2) + "\n")
     if partition:
@@ -276,7 +290,8 @@ def _opt_parser() -> argparse.ArgumentParser:
     p = tool_parser("tessera-opt", "Run passes on textual Tessera IR and print the result.")
     p.add_argument("input", nargs="?", default="-", help="input .tir file ('-' or nothing for stdin)")
     p.add_argument("--passes", default="", help="comma-separated pass pipeline, e.g. 'verify' or 'a,b{opt=v}'")
-    p.add_argument("-o", "--output", default="-", help="output file (default: stdout)")
+    p.add_argument("-o", "--output", default="-",
+                   help="output file (default: stdout); a .tsb file gets the per-rank programs as bytecode")
     p.add_argument("--dump-after", metavar="PASSES", help="print the IR after these passes ('all' or a comma list)")
     p.add_argument("--dump-dir", metavar="DIR", help="write --dump-after dumps as files in DIR instead of stderr")
     p.add_argument("--no-verify", dest="verify", action="store_false", help="skip verifying input and pass results")
@@ -307,7 +322,10 @@ def _opt(args: argparse.Namespace, run: Run) -> int:
         _list_passes()
         return 0
     passes = parse_pipeline(args.passes) if args.passes.strip() else []  # bad pipelines fail before reading input
-    output = _ir_output(run, args.output)
+    emit = "tsb" if args.output.endswith(".tsb") else "ir"
+    if emit == "tsb" and args.split_input_file:
+        raise TesseraError(f"-o {args.output}: --split-input-file writes textual IR only; name the output .tir")
+    output = _plan_output(run, args.output, emit)
     assert output is not None
     dump = _dump_callback(run, args.dump_after, args.dump_dir)
     if args.hardware is not None:
@@ -315,21 +333,21 @@ def _opt(args: argparse.Namespace, run: Run) -> int:
 
         resolve_hardware(args.hardware)
 
-    def run_on(module: Module) -> tuple[str, PassManager]:
+    def run_on(module: Module) -> PassManager:
         if args.hardware is not None:
             module.attrs["hardware"] = args.hardware
         if args.verify:
             verify(module)
         manager = PassManager(list(passes), verify_each=args.verify, dump_after=dump)
         manager.run(module)
-        return print_module(module), manager
+        return manager
 
     if not args.split_input_file:
         start = time.perf_counter()
         module = run.parse_ir(args.input)
         parse_s = time.perf_counter() - start
-        printed, manager = run_on(module)
-        run.add(output, printed)
+        manager = run_on(module)
+        run.add(output, _render_plan(module, emit))
         run.commit()
         if args.timing:
             _print_timing(manager.timings, [("read and parse", parse_s)])
@@ -345,7 +363,9 @@ def _opt(args: argparse.Namespace, run: Run) -> int:
             sys.stdout.write(SPLIT_MARKER + "\n")
             sys.stdout.flush()
         try:
-            printed = run_on(parse_module(part, source=source))[0]
+            part_module = parse_module(part, source=source)
+            run_on(part_module)
+            printed = print_module(part_module)
         except TesseraError as err:
             if args.debug:
                 raise

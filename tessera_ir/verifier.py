@@ -497,10 +497,17 @@ def _layer_kinds(module: Module) -> Iterator[VerifyError]:
                 yield r.layer(layer, f"has ffn = {ffn} but holds feed-forward tasks ({', '.join(ffn_ops)})")
 
 
-@check("plan-entries-unique", "no plan op lists a task twice")
+# Plan ops whose entries are a sequence, not a table: a program's instructions name a task once
+# per micro-batch (tessera_ir/programs.py).
+SEQUENCE_OPS = frozenset({"program"})
+
+
+@check("plan-entries-unique", "no plan op lists a task twice (programs, which are sequences, may)")
 def _plan_entries_unique(module: Module) -> Iterator[VerifyError]:
     r = _Reporter("plan-entries-unique", module)
     for op in module.plan:
+        if op.op in SEQUENCE_OPS:
+            continue
         seen: set[str] = set()
         for entry in op.entries:
             if entry.ref in seen:
@@ -758,4 +765,4 @@ def _check_schedule(
 
 
 # Checks of plan ops that later passes add live in their own modules and register themselves here.
-from tessera_ir import dbo_checks  # noqa: E402, F401
+from tessera_ir import dbo_checks, program_checks  # noqa: E402, F401

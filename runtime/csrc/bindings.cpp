@@ -1,8 +1,14 @@
 // The Python face of the C++ runtime: runtime._core, re-exported by runtime/__init__.py
 // (runtime/_core.pyi lists what is here). Refusals become runtime.errors.PlanError,
 // misuse of an FSM (completing an action twice, ...) becomes ValueError.
+//
+// FSM.advance() and FSM.complete() are the two calls a trainer makes per action, so they
+// bypass pybind11's dispatcher (plain CPython methods on the bound class), and an Action is
+// a struct sequence: a tuple whose fields read as attributes through member descriptors,
+// several times cheaper to build and to read than a bound C++ object.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <structseq.h>
 
 #include <sstream>
 
@@ -12,6 +18,28 @@ namespace py = pybind11;
 using namespace tessera;
 
 namespace {
+
+PyTypeObject* action_type = nullptr;
+
+PyStructSequence_Field action_fields[] = {
+    {"kind", "RUN 0, SEND 1, RECV 2, COLLECTIVE 3, WAIT 4, DONE 5"},
+    {"id", "report completion with this id (-1: none)"},
+    {"stream", "0 compute, 1 comm"},
+    {"task", "index into the plan's task table"},
+    {"mb", "micro-batch"},
+    {"peer", "SEND/RECV: the other pipeline rank"},
+    {"vstage", "SEND/RECV: the virtual stage that produced the tensor; gradient reduction: whose gradients"},
+    {"payload", "SEND/RECV: 0 activation, 1 gradient"},
+    {"collective", "COLLECTIVE: 0 all-to-all, 1 gradient reduction"},
+    {"group", "COLLECTIVE: 0 EP, 1 DP"},
+    {"filled", "a movable task placed in a DBO slot"},
+    {"fallback", "a movable task run on the main stream because its deadline came"},
+    {"wait_for", "WAIT: the action that must complete first"},
+    {nullptr, nullptr},
+};
+PyStructSequence_Desc action_desc = {"runtime._core.Action",
+                                     "What the trainer does next; fields that do not apply to the kind are -1 (or False).",
+                                     action_fields, 13};
 
 std::string action_repr(const Action& a) {
   static const char* kinds[] = {"RUN", "SEND", "RECV", "COLLECTIVE", "WAIT", "DONE"};
@@ -28,6 +56,88 @@ std::string action_repr(const Action& a) {
   out << ")";
   return out.str();
 }
+
+int64_t item(PyObject* tuple, Py_ssize_t k) { return PyLong_AsLongLong(PyTuple_GET_ITEM(tuple, k)); }
+
+PyObject* action_tp_repr(PyObject* self) {
+  Action a;
+  a.kind = ActionKind(item(self, 0));
+  a.id = item(self, 1);
+  a.task = item(self, 3);
+  a.mb = item(self, 4);
+  a.peer = int32_t(item(self, 5));
+  a.vstage = item(self, 6);
+  a.filled = PyTuple_GET_ITEM(self, 10) == Py_True;
+  a.fallback = PyTuple_GET_ITEM(self, 11) == Py_True;
+  a.wait_for = item(self, 12);
+  return PyUnicode_FromString(action_repr(a).c_str());
+}
+
+PyObject* make_action(const Action& a) {
+  PyObject* t = PyStructSequence_New(action_type);
+  if (t == nullptr) return nullptr;
+  const int64_t ints[] = {int64_t(a.kind), a.id, a.stream, a.task, a.mb, a.peer, a.vstage, a.payload,
+                          a.collective, a.group};
+  for (Py_ssize_t k = 0; k < 10; ++k) {
+    PyObject* v = PyLong_FromLongLong(ints[k]);
+    if (v == nullptr) {
+      Py_DECREF(t);
+      return nullptr;
+    }
+    PyStructSequence_SET_ITEM(t, k, v);
+  }
+  PyStructSequence_SET_ITEM(t, 10, Py_NewRef(a.filled ? Py_True : Py_False));
+  PyStructSequence_SET_ITEM(t, 11, Py_NewRef(a.fallback ? Py_True : Py_False));
+  PyObject* w = PyLong_FromLongLong(a.wait_for);
+  if (w == nullptr) {
+    Py_DECREF(t);
+    return nullptr;
+  }
+  PyStructSequence_SET_ITEM(t, 12, w);
+  return t;
+}
+
+// The C++ FSM behind a bound FSM object; nullptr (with a Python error set) if it was never constructed.
+FSM* fsm_of(PyObject* self) {
+  auto vh = reinterpret_cast<py::detail::instance*>(self)->get_value_and_holder();
+  if (!vh.holder_constructed()) {
+    PyErr_SetString(PyExc_TypeError, "FSM.__init__ was not called");
+    return nullptr;
+  }
+  return vh.value_ptr<FSM>();
+}
+
+PyObject* fsm_advance(PyObject* self, PyObject*) {
+  FSM* fsm = fsm_of(self);
+  if (fsm == nullptr) return nullptr;
+  try {
+    return make_action(fsm->advance());
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+}
+
+PyObject* fsm_complete(PyObject* self, PyObject* arg) {
+  FSM* fsm = fsm_of(self);
+  if (fsm == nullptr) return nullptr;
+  long long id = PyLong_AsLongLong(arg);
+  if (id == -1 && PyErr_Occurred()) return nullptr;
+  try {
+    fsm->complete(id);
+  } catch (const std::invalid_argument& e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
+PyMethodDef fsm_fast_methods[] = {
+    {"advance", fsm_advance, METH_NOARGS, "The next action for the trainer (an Action)."},
+    {"complete", fsm_complete, METH_O,
+     "complete(action_id): the work of action `action_id` finished (any thread)."},
+    {nullptr, nullptr, 0, nullptr},
+};
 
 std::shared_ptr<Program> load(py::buffer data, int64_t rank, std::optional<py::bytes> signature) {
   py::buffer_info info = data.request();
@@ -117,31 +227,20 @@ PYBIND11_MODULE(_core, m) {
   m.def("load_program", &load, py::arg("data"), py::arg("rank"), py::arg("signature") = py::none(),
         "Check plan bytes and return one rank's program; raises runtime.PlanError naming the problem.");
 
-  py::class_<Action>(m, "Action")
-      .def_property_readonly("kind", [](const Action& a) { return int(a.kind); })
-      .def_readonly("id", &Action::id)
-      .def_readonly("stream", &Action::stream)
-      .def_readonly("task", &Action::task)
-      .def_readonly("mb", &Action::mb)
-      .def_readonly("peer", &Action::peer)
-      .def_readonly("vstage", &Action::vstage)
-      .def_readonly("payload", &Action::payload)
-      .def_readonly("collective", &Action::collective)
-      .def_readonly("group", &Action::group)
-      .def_readonly("filled", &Action::filled)
-      .def_readonly("fallback", &Action::fallback)
-      .def_readonly("wait_for", &Action::wait_for)
-      .def("__repr__", &action_repr);
+  action_type = PyStructSequence_NewType(&action_desc);
+  if (action_type == nullptr) throw py::error_already_set();
+  action_type->tp_repr = action_tp_repr;
+  PyType_Modified(action_type);
+  m.add_object("Action", py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(action_type)));
 
-  py::class_<FSM>(m, "FSM")
+  py::class_<FSM> fsm_class(m, "FSM");
+  fsm_class
       .def(py::init([](std::shared_ptr<Program> program, bool dbo, std::optional<uint64_t> memory_budget_bytes,
                        double min_slot_us, uint32_t max_registered) {
              return std::make_unique<FSM>(std::move(program), dbo, memory_budget_bytes, min_slot_us, max_registered);
            }),
            py::arg("program"), py::kw_only(), py::arg("dbo") = true, py::arg("memory_budget_bytes") = py::none(),
            py::arg("min_slot_us") = 0.0, py::arg("max_registered") = 4096)
-      .def("advance", &FSM::advance)
-      .def("complete", &FSM::complete, py::arg("action_id"))
       .def("report_tokens", &FSM::report_tokens, py::arg("task"), py::arg("mb"), py::arg("expert_tokens"))
       .def("register_task", &FSM::register_task, py::arg("task"), py::arg("mb"), py::arg("deadline"),
            py::arg("memory_bytes") = py::none())
@@ -168,8 +267,21 @@ PYBIND11_MODULE(_core, m) {
         return d;
       });
 
+  for (PyMethodDef* def = fsm_fast_methods; def->ml_name != nullptr; ++def) {
+    py::object method = py::reinterpret_steal<py::object>(
+        PyDescr_NewMethod(reinterpret_cast<PyTypeObject*>(fsm_class.ptr()), def));
+    if (!method) throw py::error_already_set();
+    fsm_class.attr(def->ml_name) = method;
+  }
+
   m.def("load_imbalance", &load_imbalance, py::arg("expert_tokens"), py::arg("ep"),
         "Largest per-rank token load over the mean (rank r owns a contiguous block of experts).");
-  m.def("native_ns_per_action", &native_ns_per_action, py::arg("program"), py::arg("dbo") = true,
-        py::arg("repeats") = 10, "Nanoseconds per advance()+complete() pair, timed inside C++.");
+  m.def(
+      "native_ns_per_action",
+      [](std::shared_ptr<Program> program, bool dbo, std::optional<uint64_t> memory_budget_bytes, int repeats) {
+        NativeTiming t = native_ns_per_action(std::move(program), dbo, memory_budget_bytes, repeats);
+        return py::make_tuple(t.wall_ns, t.cpu_ns);
+      },
+      py::arg("program"), py::arg("dbo") = true, py::arg("memory_budget_bytes") = py::none(), py::arg("repeats") = 10,
+      "(wall-clock ns, thread CPU ns) per advance()+complete() pair, the best of `repeats` runs, timed inside C++.");
 }

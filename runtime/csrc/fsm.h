@@ -107,6 +107,7 @@ class FSM {
   std::unique_ptr<std::atomic<int64_t>[]> done_ns_;
   std::atomic<size_t> size_;
   std::unique_ptr<std::atomic<uint64_t>[]> predicted_bits_;  // per instruction; NaN until reported
+  std::vector<uint8_t> timed_;  // per instruction: an All-to-All a SLOT watches (complete() reads the clock)
   std::unordered_map<uint64_t, uint32_t> slot_of_;             // (task << 32 | mb) -> SLOT instruction
 
   uint32_t pc_ = 0;
@@ -123,7 +124,13 @@ class FSM {
 };
 
 // Nanoseconds per advance()+complete() pair on `program` with no work in
-// between: the interpreter's own cost per action, timed inside C++.
-double native_ns_per_action(std::shared_ptr<const Program> program, bool dbo, int repeats);
+// between: the interpreter's own cost per action, timed inside C++. The best of
+// `repeats` runs through the whole program, in wall-clock time and in the
+// thread's CPU time (which a busy machine does not inflate).
+struct NativeTiming {
+  double wall_ns, cpu_ns;
+};
+NativeTiming native_ns_per_action(std::shared_ptr<const Program> program, bool dbo,
+                                  std::optional<uint64_t> memory_budget_bytes, int repeats);
 
 }  // namespace tessera

@@ -110,8 +110,17 @@ def test_opt_output_in_a_missing_folder_is_refused(work: Path) -> None:
     fails_cleanly("tessera-opt", ["plan.tir", "-o", "no/such/out.tir"], work, "folder 'no/such' does not exist")
 
 
-def test_opt_refuses_to_write_text_into_a_bytecode_file(work: Path) -> None:
-    fails_cleanly("tessera-opt", ["plan.tir", "-o", "plan.tsb"], work, "-o plan.tsb", "textual IR only")
+def test_opt_writes_no_bytecode_for_ir_without_programs(work: Path) -> None:
+    fails_cleanly("tessera-opt", ["plan.tir", "-o", "plan.tsb"], work, "holds no per-rank programs; run the pipeline pass")
+
+
+def test_opt_refuses_bytecode_from_split_input(work: Path) -> None:
+    fails_cleanly("tessera-opt", ["plan.tir", "--split-input-file", "-o", "plan.tsb"], work, "-o plan.tsb",
+                  "textual IR only")
+
+
+def test_compile_refuses_text_into_a_bytecode_file(work: Path) -> None:
+    fails_cleanly("tessera-compile", [TINY, "--emit", "ir", "-o", "plan.tsb"], work, "-o plan.tsb", "textual IR only")
 
 
 def _with_module_hardware(work: Path, name: str) -> None:

@@ -1,4 +1,7 @@
-"""Loader fuzzing: mutated real plans are refused cleanly, with the same reason by both loaders, or run to DONE.
+"""Loader fuzzing: mutated plans are refused cleanly, with the same reason by both loaders, or run to DONE.
+
+The plans are generated ones (``program_gen``: every opcode, odd shapes) and one the compiler
+wrote (``compiled_plans``: the real passes with DBO slots).
 
 Mutations are bit flips, truncations, extensions and 32-bit fields set to
 extreme values (counts, sizes, offsets, operands), each optionally followed by
@@ -17,6 +20,7 @@ from runtime import PlanError, reference
 from runtime.bytecode import reseal
 from runtime.reference import CLOCK_COUNTERS
 
+from compiled_plans import compiled_plan
 from program_gen import drive, generate_bytes
 
 PLANS = [generate_bytes(seed) for seed in range(8)]
@@ -62,7 +66,17 @@ def outcome(load, data: bytes, rank: int):  # noqa: ANN001, ANN201
     rank=st.integers(0, 3),
 )
 def test_mutated_plans_are_refused_alike_or_run(plan: int, ops: list, seal: bool, rank: int) -> None:
-    data = mutate(PLANS[plan], ops)
+    refused_alike_or_run(PLANS[plan], ops, seal, rank, seed=plan)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=st.lists(mutation, min_size=1, max_size=4), seal=st.booleans(), rank=st.integers(0, 2))
+def test_mutated_compiled_plans_are_refused_alike_or_run(ops: list, seal: bool, rank: int) -> None:
+    refused_alike_or_run(compiled_plan(2, 2, 4, dbo=True), ops, seal, rank, seed=rank)
+
+
+def refused_alike_or_run(plan: bytes, ops: list, seal: bool, rank: int, seed: int) -> None:
+    data = mutate(plan, ops)
     if seal:
         data = reseal(data)
     native_reason, native = outcome(runtime.load_plan, data, rank)
@@ -70,8 +84,8 @@ def test_mutated_plans_are_refused_alike_or_run(plan: int, ops: list, seal: bool
     assert native_reason == ref_reason
     if native is not None:
         # Still a well-formed program: both interpreters step it to DONE, identically.
-        a, ca = drive(runtime.FSM(native), native, seed=plan, register=False)
-        b, cb = drive(reference.ReferenceFSM(ref), ref, seed=plan, register=False)
+        a, ca = drive(runtime.FSM(native), native, seed=seed, register=False)
+        b, cb = drive(reference.ReferenceFSM(ref), ref, seed=seed, register=False)
         for key in CLOCK_COUNTERS:
             ca.pop(key)
             cb.pop(key)

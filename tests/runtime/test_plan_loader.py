@@ -96,6 +96,19 @@ def test_each_corruption_is_refused_with_its_reason_by_both_loaders(reason: str)
     assert refusal_both(CORRUPTIONS[reason](GOOD)) == (reason, reason)
 
 
+def test_the_checksum_covers_every_byte_past_the_header_fields_the_size_checks_read() -> None:
+    # The checksum is computed eight bytes at a time with a byte-wise tail: a change in any byte
+    # of either part, or right after the checksum field, is caught alike by both loaders.
+    positions = [*range(bytecode.CHECKSUM_OFFSET + 4, bytecode.CHECKSUM_OFFSET + 20), *range(len(GOOD) - 16, len(GOOD))]
+    for at in positions:
+        for bit in (0, 7):
+            assert refusal_both(put(GOOD, "<B", at, GOOD[at] ^ (1 << bit))) == ("checksum", "checksum"), at
+    for length in range(len(GOOD) - 15, len(GOOD) + 1):  # every tail length, resealed by zlib: accepted past the checksum
+        cut = put(GOOD[:length], "<I", 48, length)
+        native, python = refusal_both(reseal(cut))
+        assert native == python != "checksum"
+
+
 def test_every_reason_is_exercised() -> None:
     covered = set(CORRUPTIONS) | {"rank", "signature", "unreadable"}
     assert covered == set(REASONS)
