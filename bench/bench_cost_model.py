@@ -5,11 +5,19 @@ factor per model), pairs of every forward x backward layer-kind combination
 (Gated DeltaNet = LA, softmax attention = ATT; one and two layers per chunk)
 are profiled with ``profile{mode=measured}``: each pair's schedule runs for
 real on two gloo processes, beside the analytic prediction for the calibrated
-``cpu`` hardware on the same work. Two analytic models are compared in the
-same run:
+``cpu`` hardware on the same work. Every repeat of a pair runs between two
+readings of the calibration's reference kernel, and is scaled by the reference's
+calibrated time over the mean of those readings (the machine's speed drifts by up
+to 2x over seconds when others share it). Compared in the same run:
 
-- ``naive``: the schedule of isolated durations (no contention),
-- ``contention``: the same schedule re-timed by the contention model.
+- ``naive``: the schedule of isolated durations (no contention), against the
+  normalised measurement;
+- ``contention``: the same schedule re-timed by the contention model, against the
+  normalised measurement (the cost model as profiling uses it) and against the raw one
+  (what measuring without the reference kernel would report).
+
+The mark on this CPU: at most 10% mean and 25% p95 absolute error of the contention
+model over the bench's pairs in one run (published on H100/H200: ~5% mean, 15% tail).
 
     .venv/bin/python bench/bench_cost_model.py            # fresh calibration and measurements
     .venv/bin/python bench/bench_cost_model.py --quick    # fewer repeats, quick calibration
@@ -37,7 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from tessera_ir.model import PlanOp
+    from tessera_ir.model import PlanOp as PlanOpType
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -53,9 +61,9 @@ def pct(values: list[float], q: float) -> float:
     return v[lo] + (v[hi] - v[lo]) * (pos - lo)
 
 
-def add_pairs(module, prefix: str) -> list[tuple[str, PlanOp]]:  # noqa: ANN001
+def add_pairs(module, prefix: str) -> list[tuple[str, PlanOpType]]:  # noqa: ANN001
     """Pairs for every forward x backward combination of layer kinds, 1 and 2 layers per chunk."""
-    from tessera_ir.model import SymbolRef
+    from tessera_ir.model import PlanOp, SymbolRef
 
     by_kind: dict[str, list[str]] = {}
     for layer in module.decoder_layers():
@@ -86,7 +94,7 @@ def main() -> int:
     ap.add_argument("--target-ms", type=float, default=30.0, help="predicted serial time of each model's largest pair")
     ap.add_argument("--cache-dir", default=None, help="reuse a profile cache (default: a fresh temporary one)")
     ap.add_argument("--no-save", action="store_true")
-    ap.add_argument("--rounds", type=int, default=3, help="times every pair is executed afresh (each with its repeats)")
+    ap.add_argument("--rounds", type=int, default=1, help="times every pair is executed afresh (each with its repeats)")
     ap.add_argument(
         "--statistic", choices=["min", "median"], default="median",
         help="reading of the repeats (calibration and pairs alike): median, or min (least disturbed)",
@@ -146,6 +154,7 @@ def main() -> int:
             a = readings[0]
             combine = min if args.statistic == "min" else statistics.median
             measured = combine([x["measured_us"] for x in readings])
+            raw = combine([x["raw_measured_us"] for x in readings])
             scale = a["profile_scale"]
             rows.append({
                 "source": source,
@@ -159,9 +168,12 @@ def main() -> int:
                 "naive_us": a["overlap_us"] * scale,
                 "predicted_us": a["predicted_us"] * scale,
                 "measured_us": measured * scale,
+                "raw_measured_us": raw * scale,
+                "speed_ratio": statistics.median(x["speed_ratio"] for x in readings),
                 "spread_us": max(x["spread_us"] for x in readings) * scale,
                 "naive_error": (a["overlap_us"] - measured) / measured,
                 "contention_error": (a["predicted_us"] - measured) / measured,
+                "raw_contention_error": (a["predicted_us"] - raw) / raw,
                 "repeats": a["profile_repeats"],
                 "rounds": args.rounds,
             })
@@ -169,36 +181,53 @@ def main() -> int:
     def summary(sel: list[dict]) -> dict[str, float]:
         naive = [abs(r["naive_error"]) for r in sel]
         cont = [abs(r["contention_error"]) for r in sel]
+        raw = [abs(r["raw_contention_error"]) for r in sel]
         return {
             "pairs": len(sel),
             "naive_mean_error": statistics.mean(naive), "naive_p95_error": pct(naive, 95),
             "contention_mean_error": statistics.mean(cont), "contention_p95_error": pct(cont, 95),
+            "raw_contention_mean_error": statistics.mean(raw), "raw_contention_p95_error": pct(raw, 95),
         }
 
-    header = f"{'source':15} {'fwd | bwd':14} {'serial':>9} {'naive':>9} {'contention':>10} {'measured':>9} {'spread':>8} {'err naive':>9} {'err cont':>9}"
+    header = (
+        f"{'source':15} {'fwd | bwd':14} {'serial':>9} {'naive':>9} {'contention':>10} {'measured':>9} {'raw':>9} "
+        f"{'speed':>6} {'spread':>8} {'err naive':>9} {'err cont':>9} {'err raw':>9}"
+    )
     print(
         f"\nanalytic vs measured post-overlap cost on {hw.description}\n"
-        f"(µs at the executed size; measured = {args.statistic} of {args.rounds} rounds x {repeats} repeats, "
-        "spread = max - min within a round)"
+        f"(µs at the executed size; measured = {args.statistic} of {args.rounds} round(s) x {repeats} repeats, each "
+        "repeat between two reference-kernel readings and scaled to the calibrated speed; raw = the same repeats "
+        "unscaled; speed = reference now / at calibration; spread = max - min of the scaled repeats)"
     )
     print(header)
     print("-" * len(header))
     for r in rows:
         print(
             f"{r['source']:15} {r['combination']:14} {r['serial_us']:9.0f} {r['naive_us']:9.0f} {r['predicted_us']:10.0f} "
-            f"{r['measured_us']:9.0f} {r['spread_us']:8.0f} {r['naive_error']:+9.1%} {r['contention_error']:+9.1%}"
+            f"{r['measured_us']:9.0f} {r['raw_measured_us']:9.0f} {r['speed_ratio']:6.2f} {r['spread_us']:8.0f} "
+            f"{r['naive_error']:+9.1%} {r['contention_error']:+9.1%} {r['raw_contention_error']:+9.1%}"
         )
     summaries = {"all": summary(rows)}
     for source, _, _ in sources:
         summaries[source] = summary([r for r in rows if r["source"] == source])
     print("\nabsolute error of the analytic model against measurement")
-    print(f"{'set':15} {'pairs':>5} {'naive mean':>10} {'naive p95':>10} {'cont. mean':>10} {'cont. p95':>10}")
+    print(
+        f"{'set':15} {'pairs':>5} {'naive mean':>10} {'naive p95':>10} {'cont. mean':>10} {'cont. p95':>10} "
+        f"{'raw mean':>9} {'raw p95':>9}"
+    )
     for name, s in summaries.items():
         print(
             f"{name:15} {s['pairs']:5d} {s['naive_mean_error']:10.1%} {s['naive_p95_error']:10.1%} "
-            f"{s['contention_mean_error']:10.1%} {s['contention_p95_error']:10.1%}"
+            f"{s['contention_mean_error']:10.1%} {s['contention_p95_error']:10.1%} "
+            f"{s['raw_contention_mean_error']:9.1%} {s['raw_contention_p95_error']:9.1%}"
         )
-    print("(published on H100/H200: ~5% mean, up to 15% tail)")
+    overall = summaries["all"]
+    met = overall["contention_mean_error"] <= 0.10 and overall["contention_p95_error"] <= 0.25
+    print(
+        f"mark on this CPU (contention, normalised): <= 10% mean, <= 25% p95 -> "
+        f"{'met' if met else 'NOT met'} ({overall['contention_mean_error']:.1%}, {overall['contention_p95_error']:.1%})"
+    )
+    print("(published on H100/H200: ~5% mean, up to 15% tail; not measured here: no GPU was available)")
     load_after = os.getloadavg()[0]
     print(f"machine load (1-min average) {load_before:.1f} before, {load_after:.1f} after, on {os.cpu_count()} cores")
     elapsed = time.perf_counter() - t0

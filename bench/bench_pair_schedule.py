@@ -17,6 +17,7 @@ Prints the table and a summary, writes ``bench/results/pair_schedule.{csv,json}`
 
     .venv/bin/python bench/bench_pair_schedule.py            # full suite (~5 min on an idle 2-core machine)
     .venv/bin/python bench/bench_pair_schedule.py --quick    # a small subset
+    .venv/bin/python bench/bench_pair_schedule.py --seq-len 32768 --ep 8,32   # other axes
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from tessera_ir.parallel import ParallelConfig  # noqa: E402
 
 from synthetic_ir import synthetic_module  # noqa: E402
 
-WORKLOADS = Path("/work/shared/workloads")
+WORKLOADS = ROOT / "frontend" / "workloads"
 RESULTS = ROOT / "bench" / "results"
 
 SHORT = {"linear_attention": "LA", "attention": "A", "mla": "MLA", "moe": "M", "dense": "D"}
@@ -151,16 +152,17 @@ def size_task(cfg: dict, task, parallel: ParallelConfig) -> None:  # noqa: ANN00
     task.bytes = int(3 * t * h * b)  # activations read and written around the kernel
 
 
-_CAPTURED: dict[tuple[str, int, int], Module] = {}
+_CAPTURED: dict[tuple[str, int, int, int], Module] = {}
 
 
 def captured_module(spec: ModelSpec) -> Module:
     """The frontend's capture of the workload (real task shapes, FLOPs and bytes), cached per run."""
     from frontend import WORKLOADS_DIR, capture
 
-    key = (spec.config, spec.parallel.ep, spec.parallel.tp)
+    key = (spec.config, spec.parallel.ep, spec.parallel.tp, spec.parallel.seq_len)
     if key not in _CAPTURED:
-        overrides = {"ep": spec.parallel.ep, "tp": spec.parallel.tp, "pp": 1, "vpp": 1, "microbatches": 1}
+        overrides = {"ep": spec.parallel.ep, "tp": spec.parallel.tp, "seq_len": spec.parallel.seq_len, "pp": 1, "vpp": 1,
+                     "microbatches": 1, "dp": 1}
         _CAPTURED[key] = capture(str(Path(WORKLOADS_DIR) / spec.config), overrides=overrides)
     return _CAPTURED[key]
 
@@ -371,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--solver", default="cpsat", choices=["cpsat", "highs", "cbc"], help="exact solver (cpsat: the reference)")
     ap.add_argument("--random", type=int, default=24, help="number of random heterogeneous pairs")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--seq-len", type=int, default=4096, help="sequence length of every model suite")
+    ap.add_argument("--ep", default=None, help="comma list of EP sizes: every model suite at each (default: each suite's own)")
     ap.add_argument(
         "--source",
         choices=["frontend", "formulas"],
@@ -388,6 +392,18 @@ def main(argv: list[str] | None = None) -> int:
         (ModelSpec("qwen3-235b EP32 TP2", "qwen3_235b_a22b.json", ParallelConfig(ep=32, tp=2), "h100"), one_two + [(3, 2)] + big),
         (ModelSpec("deepseek-v3 EP64 TP2", "deepseek_v3_671b.json", ParallelConfig(ep=64, tp=2), "h100", layers=6), one_two + [(3, 2)] + big),
     ]
+    if args.ep:
+        # Every model once per asked EP size (the h200 suite only differs by hardware: kept as is).
+        by_model = {(spec.config, spec.hardware): (spec, sizes) for spec, sizes in specs}
+        specs = [
+            (ModelSpec(f"{spec.label.split(' EP')[0]} EP{ep}" + (f" TP{spec.parallel.tp}" if spec.parallel.tp > 1 else "")
+                       + ("" if spec.hardware == "h100" else f" {spec.hardware}"),
+                       spec.config, spec.parallel.replace(ep=ep), spec.hardware, spec.layers), sizes)
+            for spec, sizes in by_model.values()
+            for ep in [int(x) for x in args.ep.split(",")]
+        ]
+    specs = [(ModelSpec(s.label + (f" {args.seq_len // 1024}K" if args.seq_len != 4096 else ""), s.config,
+                        s.parallel.replace(seq_len=args.seq_len), s.hardware, s.layers), sizes) for s, sizes in specs]
     if args.quick:
         specs = [(s, [(1, 1), (2, 2)]) for s, _ in specs[:2]]
         args.random = min(args.random, 6)

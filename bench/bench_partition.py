@@ -26,7 +26,8 @@ Modules come from ``frontend.capture`` on the workload configs (``--source front
 the frontend is missing, from ``tests/synthetic_ir.synthetic_module`` with FLOPs and bytes
 computed from the configs (``--source synthetic``).
 
-Run: ``.venv/bin/python bench/bench_partition.py`` (``--quick`` for the two MILP-speed cases only).
+Run: ``.venv/bin/python bench/bench_partition.py`` (``--quick`` for the two MILP-speed cases only;
+``--seq-len`` and ``--ep`` set those axes for every case).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ from tessera_ir.kinds import Phase, Resource  # noqa: E402
 from tessera_ir.model import Module  # noqa: E402
 from tessera_ir.parallel import ParallelConfig  # noqa: E402
 
-WORKLOADS_DIR = Path("/work/shared/workloads")
+WORKLOADS_DIR = ROOT / "frontend" / "workloads"
 CASES = [
     ("qwen3_next_80b_a3b", dict(pp=4, vpp=2, ep=32, tp=1, microbatches=64)),
     ("qwen3_next_80b_a3b", dict(pp=8, vpp=2, ep=32, tp=1, microbatches=64)),
@@ -199,7 +200,25 @@ class StandInCosts:
 # One case
 
 
+def axis_overrides(name: str, settings: dict, args: argparse.Namespace) -> dict:
+    """The case's settings with the command line's axes (--seq-len, --ep) applied; data parallelism
+    grows to the least multiple of the suggested one into which the EP size folds."""
+    out = dict(settings)
+    if args.seq_len:
+        out["seq_len"] = args.seq_len
+    if args.ep:
+        out["ep"] = args.ep
+    table = json.loads((ROOT / "frontend" / "workloads" / "parallel.json").read_text())
+    suggested = table.get(name, {}).get("parallel", {})
+    dp, tp, cp = suggested.get("dp", 1), out.get("tp", suggested.get("tp", 1)), suggested.get("cp", 1)
+    while (dp * tp * cp) % out.get("ep", 1):
+        dp *= 2
+    out["dp"] = dp
+    return out
+
+
 def run_case(name: str, settings: dict, args: argparse.Namespace) -> dict:
+    settings = axis_overrides(name, settings, args)
     p = ParallelConfig(**settings)
     t0 = time.perf_counter()
     module, source = load_module(name, settings, args.source)
@@ -211,7 +230,7 @@ def run_case(name: str, settings: dict, args: argparse.Namespace) -> dict:
     costs = StandInCosts(module, p, args.hardware, method=args.costs if args.costs != "passes" else "standin")
     balanced = serially_balanced(module, costs.duration, p.virtual_stages)
     memory = build_memory_spec(module, p, hw.memory_gib, MemoryAssumptions())
-    meets = meeting_stages(p.pp, p.vpp, p.microbatches)
+    meets = meeting_stages(p.pp, p.vpp, p.microbatches, p.combined_1f1b)
     cands = window_candidates([r[0] for r in balanced], n, args.window)
     problem = PartitionProblem(n, p.pp, p.vpp, cands, meets, costs.cost, memory, costs.side_bound)
     row: dict = {
@@ -220,6 +239,7 @@ def run_case(name: str, settings: dict, args: argparse.Namespace) -> dict:
         "vpp": p.vpp,
         "ep": p.ep,
         "tp": p.tp,
+        "seq_len": p.seq_len,
         "layers": n,
         "module_source": source,
         "costs": "STAND-IN closed form" if args.costs == "standin" else args.costs,
@@ -370,6 +390,8 @@ def main() -> None:
     ap.add_argument("--global-max-vpp", type=int, default=4)
     ap.add_argument("--unpruned", action="store_true", help="also time the MILP without pruning")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "partition"))
+    ap.add_argument("--seq-len", type=int, default=None, help="sequence length of every case (default: each case's)")
+    ap.add_argument("--ep", type=int, default=None, help="EP size of every case (default: each case's)")
     args = ap.parse_args()
     rows = []
     for name, settings in CASES:

@@ -61,6 +61,7 @@ class _LayerWork:
     ffn: FfnKind = FfnKind.NONE
     ops: dict[TaskOp, costs.Work] = field(default_factory=dict)  # compute ops in forward order
     comm_bytes: int = 0
+    recompute_comm_bytes: int = 0  # All-to-All bytes the backward reruns (``moe`` recomputation)
     comm_shapes: dict[TaskOp, list[list[int]]] = field(default_factory=dict)
     mixers: list[str] = field(default_factory=list)
     num_experts: int = 0
@@ -69,19 +70,36 @@ class _LayerWork:
 
 
 def _mixer_work(block: Block, shape: list[int], p: ParallelConfig) -> costs.Work:
-    batch, seq = shape[0], shape[1]
-    tokens = batch * seq
-    work = costs.Work(gemms=costs.linear_gemms(tokens, block.linears, p.tp))
+    """A mixer's GEMMs and core (work per context-parallel rank) and what its forward keeps for
+    backward besides its normed input (the layer's norm is counted in ``_layer_work``)."""
+    batch, seq, hidden = shape[0], shape[1], shape[-1]
+    tokens = batch * seq // p.cp
+    work = costs.Work(gemms=costs.linear_gemms(tokens, block.linears, p.tp),
+                      saved=costs.inner_inputs(tokens, block.linears, hidden, p.tp))
     if block.kind in (MixerKind.ATTENTION, MixerKind.SLIDING_ATTENTION, MixerKind.MLA):
-        core = costs.attention_core(batch, seq, block.heads, block.head_dim_qk, block.head_dim_v, block.window, p.tp)
+        core = costs.attention_core(batch, seq, block.heads, block.head_dim_qk, block.head_dim_v, block.window, p.tp,
+                                    block.kv_heads or block.heads, p.cp)
+        heads = -(-block.heads // p.tp)
+        if block.kind is MixerKind.MLA and p.recomputes("mla_up_proj"):
+            # Q, K, V come back from the latents: only the softmax statistics stay; the
+            # backward reruns the up-projections (the GEMMs between latent and heads).
+            core.saved = tokens * heads * costs.FP32_ELEMENTS
+            ups = [g for g, (fan_in, out) in zip(work.gemms, block.linears) if hidden not in (fan_in, out)]
+            work.recompute_flops += sum(g.flops for g in ups)
+            work.recompute_elements += sum(g.elements for g in ups)
+        if p.recomputes("core_attn"):
+            # The attention output (the output projection's input) and statistics are recomputed.
+            core.saved -= tokens * heads * costs.FP32_ELEMENTS
+            work.saved -= min(work.saved, tokens * heads * block.head_dim_v)
+            core.rerun_in_backward()
         work = work.merge(core)
     elif block.kind is MixerKind.LINEAR_ATTENTION:
         if block.core == "delta_rule":
             work = work.merge(costs.delta_rule_core(batch, seq, block.v_heads, block.head_dim_qk, block.head_dim_v,
-                                                    block.chunk, p.tp))
+                                                    block.chunk, p.tp, p.cp))
         elif block.core == "linear":
             work = work.merge(costs.linear_attention_core(batch, seq, block.v_heads, block.head_dim_qk,
-                                                          block.head_dim_v, block.chunk, p.tp))
+                                                          block.head_dim_v, block.chunk, p.tp, p.cp))
         # core "conv": a short-conv mixer, whose only sequence mixing is the convolution below
         work = work.merge(costs.depthwise_conv_core(tokens, block.conv_channels, block.conv_kernel, p.tp))
     elif block.kind is MixerKind.SSM:
@@ -95,9 +113,10 @@ def _mixer_work(block: Block, shape: list[int], p: ParallelConfig) -> costs.Work
 def _layer_work(trace: LayerTrace, p: ParallelConfig) -> _LayerWork:
     lw = _LayerWork(params=sum(q.numel() for q in trace.module.parameters()))
     counted = 0
+    recompute_moe = p.recomputes("moe")
     for call in trace.blocks:
         block, shape = call.block, call.input_shape
-        tokens = shape[0] * shape[1]
+        tokens = shape[0] * shape[1] // p.cp
         hidden = shape[-1]
         if block.role == "mixer":
             assert isinstance(block.kind, MixerKind)
@@ -121,31 +140,58 @@ def _layer_work(trace: LayerTrace, p: ParallelConfig) -> _LayerWork:
             lw.num_experts, lw.top_k = block.num_experts, block.top_k
             t_r = costs.moe_tokens_per_rank(tokens, p.tp)
             routed = t_r * block.top_k
-            lw.ops[TaskOp.ROUTER] = costs.Work(gemms=[costs.Gemm(t_r, block.num_experts, block.hidden)],
-                                               weight_elements=block.router_params,
-                                               shapes=[[t_r, hidden], [t_r, block.num_experts]])
+            router = costs.Work(gemms=[costs.Gemm(t_r, block.num_experts, block.hidden)],
+                                weight_elements=block.router_params, saved=t_r * block.num_experts * costs.FP32_ELEMENTS,
+                                shapes=[[t_r, hidden], [t_r, block.num_experts]])
             experts = costs.expert_work(t_r, block.top_k, block.expert_matrices, block.expert_params,
-                                        block.num_experts, p.ep)
+                                        block.num_experts, p.ep, hidden, p.recomputes("moe_act"))
             experts.shapes = [[routed, hidden], [routed, hidden]]
+            lw.ops[TaskOp.ROUTER] = router
             lw.ops[TaskOp.EXPERT_GEMM] = experts
+            moe_parts = [router, experts]
             if block.shared_params:
-                lw.ops[TaskOp.SHARED_EXPERT] = costs.Work(
+                shared = costs.Work(
                     gemms=costs.linear_gemms(tokens, block.shared_linears, p.tp),
-                    weight_elements=-(-block.shared_params // p.tp), shapes=[list(shape), list(shape)])
+                    weight_elements=-(-block.shared_params // p.tp), shapes=[list(shape), list(shape)],
+                    saved=costs.mlp_saved(tokens, block.shared_linears, hidden, p.tp))
+                lw.ops[TaskOp.SHARED_EXPERT] = shared
+                if p.recomputes("shared_experts") and not recompute_moe:
+                    shared.saved = 0
+                    shared.rerun_in_backward()
+                moe_parts.append(shared)
             lw.comm_bytes = costs.all_to_all_bytes(t_r, hidden, block.top_k, p.dtype_bytes, p.ep)
             lw.comm_shapes = {TaskOp.DISPATCH: [[t_r, hidden], [routed, hidden]],
                               TaskOp.COMBINE: [[routed, hidden], [t_r, hidden]]}
+            if recompute_moe:
+                # Only the block's input stays; the backward reruns the router, both All-to-Alls
+                # and the experts before its own work (the rerun All-to-Alls ride on combine.dgrad).
+                for part in moe_parts:
+                    part.saved = 0
+                    part.rerun_in_backward()
+                lw.recompute_comm_bytes = 2 * lw.comm_bytes
         elif block.kind is FfnKind.DENSE:
             lw.ffn = FfnKind.DENSE
-            lw.ops[TaskOp.DENSE_MLP] = costs.Work(gemms=costs.linear_gemms(tokens, block.linears, p.tp),
-                                                  weight_elements=-(-block.params // p.tp),
-                                                  shapes=[list(shape), list(shape)])
+            dense = costs.Work(gemms=costs.linear_gemms(tokens, block.linears, p.tp),
+                               weight_elements=-(-block.params // p.tp), shapes=[list(shape), list(shape)],
+                               saved=costs.mlp_saved(tokens, block.linears, hidden, p.tp))
+            if p.recomputes("mlp"):
+                dense.saved = 0
+                dense.rerun_in_backward()
+            lw.ops[TaskOp.DENSE_MLP] = dense
         counted += block.params
     # Norms and other small per-layer weights ride with the layer's first task.
     rest = lw.params - counted
     if rest and lw.ops:
         first = next(iter(lw.ops.values()))
         first.weight_elements += rest
+    # The two norms of a decoder layer keep their input (and output, unless recomputed): the
+    # mixer's with the mixer task, the FFN's with its first task.
+    tokens, hidden = trace.input_shape[0] * trace.input_shape[1] // p.cp, trace.input_shape[-1]
+    norm = costs.norm_saved(tokens, hidden, p.tp, p.recomputes("layernorm"))
+    firsts = [MIXER_OPS[lw.mixer]] if lw.mixer is not MixerKind.NONE else []
+    firsts += [op for op in (TaskOp.ROUTER, TaskOp.DENSE_MLP) if op in lw.ops][:1]
+    for op in firsts:
+        lw.ops[op].saved += norm
     return lw
 
 
@@ -155,12 +201,23 @@ def _task(name: str, op: TaskOp, phase: Phase, deps: list[str], **kw: Any) -> Ta
 
 
 def _compute(name: str, op: TaskOp, phase: Phase, deps: list[str], work: costs.Work, d: int) -> Task:
+    """A compute task of ``work``: its core share (``core_flops``, ``core_bytes``) and, for grouped
+    expert GEMMs, the rows each local expert receives (``rows_per_expert``) as attributes."""
+    attrs: dict[str, Any] = {}
+    if work.rows_per_expert:
+        attrs["rows_per_expert"] = work.rows_per_expert
     if phase is Phase.FWD:
+        if work.core_flops or work.core_elements:
+            attrs.update(core_flops=work.core_flops, core_bytes=work.core_elements * d)
         return _task(name, op, phase, deps, flops=work.fwd_flops, bytes=work.fwd_bytes(d),
-                     param_bytes=work.weight_elements * d, act_bytes=work.act_bytes(d), shapes=work.shapes)
+                     param_bytes=work.weight_elements * d, act_bytes=work.act_bytes(d), shapes=work.shapes, attrs=attrs)
     if phase is Phase.DGRAD:
-        return _task(name, op, phase, deps, flops=work.dgrad_flops, bytes=work.dgrad_bytes(d), shapes=work.shapes)
-    return _task(name, op, phase, deps, flops=work.wgrad_flops, bytes=work.wgrad_bytes(d), shapes=work.shapes)
+        if work.dgrad_core_flops or work.core_elements:
+            attrs.update(core_flops=work.dgrad_core_flops, core_bytes=2 * work.core_elements * d)
+        return _task(name, op, phase, deps, flops=work.dgrad_flops, bytes=work.dgrad_bytes(d), shapes=work.shapes,
+                     attrs=attrs)
+    return _task(name, op, phase, deps, flops=work.wgrad_flops, bytes=work.wgrad_bytes(d), shapes=work.shapes,
+                 attrs=attrs)
 
 
 class _Emitter:
@@ -185,7 +242,7 @@ class _Emitter:
                     layer.tasks.append(_compute(name, op, Phase.FWD, deps, lw.ops[op], self.d))
                 else:
                     layer.tasks.append(_task(name, op, Phase.FWD, deps, bytes=lw.comm_bytes,
-                                             shapes=lw.comm_shapes[op]))
+                                             shapes=lw.comm_shapes[op], attrs={"top_k": lw.top_k}))
                 deps = [name]
             outputs = [f"{n}.combine.fwd"]
             if TaskOp.SHARED_EXPERT in lw.ops:
@@ -215,15 +272,16 @@ class _Emitter:
         before_mixer = grad_in
         if lw.ffn is FfnKind.MOE:
             combine = f"{n}.combine.dgrad"
-            layer.tasks.append(_task(combine, TaskOp.COMBINE, Phase.DGRAD, grad_in, bytes=lw.comm_bytes,
-                                     shapes=lw.comm_shapes[TaskOp.COMBINE]))
+            layer.tasks.append(_task(combine, TaskOp.COMBINE, Phase.DGRAD, grad_in,
+                                     bytes=lw.comm_bytes + lw.recompute_comm_bytes,
+                                     shapes=lw.comm_shapes[TaskOp.COMBINE], attrs={"top_k": lw.top_k}))
             shared = []
             if TaskOp.SHARED_EXPERT in lw.ops:
                 shared = [self._grad(layer, TaskOp.SHARED_EXPERT, lw.ops[TaskOp.SHARED_EXPERT], grad_in)]
             experts = self._grad(layer, TaskOp.EXPERT_GEMM, lw.ops[TaskOp.EXPERT_GEMM], [combine])
             dispatch = f"{n}.dispatch.dgrad"
             layer.tasks.append(_task(dispatch, TaskOp.DISPATCH, Phase.DGRAD, [experts], bytes=lw.comm_bytes,
-                                     shapes=lw.comm_shapes[TaskOp.DISPATCH]))
+                                     shapes=lw.comm_shapes[TaskOp.DISPATCH], attrs={"top_k": lw.top_k}))
             router = self._grad(layer, TaskOp.ROUTER, lw.ops[TaskOp.ROUTER], [combine])
             before_mixer = [router, dispatch] + shared
         elif lw.ffn is FfnKind.DENSE:
@@ -378,7 +436,7 @@ def capture(source: str | nn.Module, parallel: ParallelConfig | None = None, ove
     works = [_layer_work(t, p) for t in stack.layers]
 
     d = p.dtype_bytes
-    tokens = p.tokens
+    tokens = p.tokens // p.cp  # of a micro-batch on one context-parallel rank
     hidden = stack.layers[0].input_shape[-1]
     embed_module = stack.embed
     vocab = int(getattr(embed_module, "num_embeddings", None) or embed_module.get_parameter("weight").shape[0])
@@ -420,7 +478,7 @@ def capture(source: str | nn.Module, parallel: ParallelConfig | None = None, ove
 
     head_path, head_params = _head(loaded.model, stack, vocab)
     head = Layer("head", LayerRole.HEAD, head_path)
-    h_work = costs.head_work(tokens, hidden, vocab, p.tp)
+    h_work = costs.head_work(tokens, hidden, vocab, p.tp, p.recomputes("layernorm"))
     h_work.weight_elements = -(-head_params // p.tp)
     h_work.shapes = [[p.micro_batch_size, p.seq_len, hidden], [p.micro_batch_size, p.seq_len, vocab]]
     last = decoder[-1].name if decoder else "embed"

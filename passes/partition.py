@@ -51,17 +51,16 @@ class PartitionPass(ModulePass):
     solver: Literal["cbc", "highs"] = option("cbc", "the MILP solver")
     time_limit: float = option(60.0, "seconds per MILP solve")
     memory_gib: float | None = option(None, "device memory capacity in GiB (unset: the target hardware's)")
-    distributed_optimizer: bool = option(False, "shard the optimizer state over dp data-parallel ranks")
-    dp: int = option(1, "data-parallel ranks (with distributed-optimizer)")
     wgrad_headroom: bool = option(True, "reserve one more micro-batch of activations for deferred wgrad")
+    reserved_gib: float = option(4.0, "memory per device no model tensor uses (CUDA context, comm buffers)")
 
     def check(self) -> None:
         if self.time_limit <= 0:
             raise PassError(f"partition: time-limit must be positive, got {self.time_limit}")
         if self.memory_gib is not None and self.memory_gib <= 0:
             raise PassError(f"partition: memory-gib must be positive, got {self.memory_gib}")
-        if self.dp < 1:
-            raise PassError(f"partition: dp must be at least 1, got {self.dp}")
+        if self.reserved_gib < 0:
+            raise PassError(f"partition: reserved-gib must be >= 0, got {self.reserved_gib}")
 
     def apply(self, module: Module) -> bool:
         if module.plan_ops("partition"):
@@ -150,8 +149,10 @@ class PartitionPass(ModulePass):
             return serial_cache[key]
 
         capacity = self.memory_gib if self.memory_gib is not None else view.hardware.memory_gib
+        # Data parallelism, the distributed optimizer and recomputation are the run's parallel
+        # settings (the module header), not options of this pass.
         memory = build_memory_spec(view.module, parallel, capacity, MemoryAssumptions(
-            dp=self.dp, distributed_optimizer=self.distributed_optimizer, wgrad_headroom=self.wgrad_headroom
+            wgrad_headroom=self.wgrad_headroom, reserved_gib=self.reserved_gib
         ))
         problem = PartitionProblem(
             len(view.module.decoder_layers()), parallel.pp, parallel.vpp, [sorted(c) for c in cands],

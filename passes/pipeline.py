@@ -48,8 +48,9 @@ class PipelinePass(ModulePass):
     name = "pipeline"
     summary = "Lower the planned module into one program per pipeline rank (interleaved 1F1B), checked for deadlock."
 
-    combined: bool = option(
-        False, "Megatron-Core's combined-1F1B order: one more warm-up forward, so that every steady-state pair overlaps"
+    combined: bool | None = option(
+        None, "Megatron-Core's combined-1F1B order: one more warm-up forward, so that every steady-state pair overlaps "
+        "(unset: the plan's order, combined whenever ep > 1)"
     )
 
     def apply(self, module: Module) -> bool:
@@ -62,7 +63,9 @@ class PipelinePass(ModulePass):
             if partition is None:
                 raise PassError("the module holds no partition; run the planning passes (..., partition) first")
             stages = [Stage(cand.name, cand.layers) for cand in partition.stages]
-            programs = Lowering(module, stages, view.chunk_schedule, view.duration, self.combined, slots).programs()
+            # The pairs were planned in the module's order; lower in that order unless told otherwise.
+            combined = view.parallel.combined_1f1b if self.combined is None else self.combined
+            programs = Lowering(module, stages, view.chunk_schedule, view.duration, combined, slots).programs()
         except TesseraError as err:
             raise PassError(f"pipeline: {err}") from None
         p = view.parallel
@@ -76,7 +79,7 @@ class PipelinePass(ModulePass):
         names: list[Value] = [SymbolRef(f"program.r{r}") for r in range(p.pp)]
         module.plan.append(PlanOp(PIPELINE_OP, "pipeline", {
             "order": "interleaved-1f1b" if p.vpp > 1 else "1f1b",
-            "combined": self.combined,
+            "combined": combined,
             "dbo": bool(slots),
             "memory_budget_bytes": memory_budget(module),
             "programs": names,

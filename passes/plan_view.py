@@ -536,9 +536,10 @@ class PlanView:
         return Partition(op, stages)
 
     def meeting_stages(self) -> dict[int, list[tuple[int, int]]]:
-        """Per device, the (forward stage, backward stage) pairs of interleaved 1F1B's steady state."""
+        """Per device, the (forward stage, backward stage) pairs of interleaved 1F1B's steady state:
+        the combined-1F1B order when expert parallelism is on (``ParallelConfig.combined_1f1b``)."""
         p = self.parallel
-        return meeting_stages(p.pp, p.vpp, p.microbatches)
+        return meeting_stages(p.pp, p.vpp, p.microbatches, p.combined_1f1b)
 
     def meetings(self) -> dict[int, list[Meeting]]:
         """Per device, what meets in its steady state under the chosen partition (empty before partition)."""

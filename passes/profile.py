@@ -46,6 +46,13 @@ Modes:
     (``passes/costs/profile_cache.py``); a cached pair is not executed again
     (``cost_source = "cache"``).
 
+    On CPU (``normalise``, on by default) every repeat runs between two readings of the
+    calibration's reference kernel (``calibrate_cpu.reference_tasks``) and is scaled by the
+    reference's calibrated time over the mean of those readings: a shared machine's speed
+    drifts by up to 2x over seconds, and the prediction is priced at the calibrated speed.
+    ``raw_measured_us`` is the unscaled reading, ``speed_ratio`` the median of reference now /
+    reference at calibration, and ``spread_us`` is over the scaled repeats.
+
 ``cache-only``
     Like ``measured`` but never executes: a pair whose measurement is not cached (or a
     CPU not calibrated yet) is an error naming the pair and how to fill the cache.
@@ -54,6 +61,7 @@ Modes:
 from __future__ import annotations
 
 import math
+import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -75,11 +83,11 @@ if TYPE_CHECKING:
 # Attributes this pass owns (cleared before every run).
 PAIR_ATTRS = (
     "post_overlap_us", "cost_source", "serial_us", "overlap_us", "measured_us", "predicted_us",
-    "spread_us", "predicted_error", "profile_scale", "profile_repeats",
+    "spread_us", "predicted_error", "profile_scale", "profile_repeats", "raw_measured_us", "speed_ratio",
 )
 MODULE_ATTRS = (
     "profile_mode", "profile_hardware", "profile_pairs", "profile_scale", "profile_device", "profile_statistic",
-    "profile_error_mean", "profile_error_p95",
+    "profile_error_mean", "profile_error_p95", "profile_normalised",
 )
 
 
@@ -117,6 +125,9 @@ class ProfilePass(ModulePass):
     # The fastest repeat is least disturbed when other work shares the machine. The CPU is
     # calibrated with the same statistic, so predictions and measurements compare alike.
     statistic: Literal["median", "min"] = option("median", "measured: which reading of the repeats is the pair's cost")
+    normalise: bool = option(
+        True, "measured on CPU: scale each repeat by the calibrated reference kernel's time over its time around it"
+    )
 
     def check(self) -> None:
         if self.repeats < 1:
@@ -218,13 +229,17 @@ class ProfilePass(ModulePass):
             items = {pair.name: view.scheduled_tasks(pair) for pair in view.pairs}
             scale = self._scale(items, view)
             versions = software_versions()
+            reference = self._reference(hw)
+            if reference is not None:
+                # Normalised readings are relative to this calibration's reference time.
+                versions = dict(versions, normalised=f"reference {float(reference['us']):.3f} us")  # type: ignore[arg-type]
             plans = []
             for pair in view.pairs:
                 execs = exec_tasks(items[pair.name], scale, dtype, hw, view.parallel)
                 predicted, free = predicted_exec(items[pair.name], execs, hw, view.parallel, world)
                 key = cache_key(signature(execs, world), executor.description, versions)
                 plans.append((pair, execs, (predicted, free), key))
-            fresh = self._fill(plans, cache, executor, versions, module)
+            fresh = self._fill(plans, cache, executor, versions, module, reference)
         except PairExecutionError as err:
             raise ProfileError(f"profile: executing a pair failed: {err}") from None
         finally:
@@ -246,11 +261,28 @@ class ProfilePass(ModulePass):
                 overlap_us=(free.makespan + overhead) / scale, spread_us=entry.spread_us / scale,
                 predicted_error=error, profile_scale=scale, profile_repeats=entry.repeats,
             )
+            raw, ratios = entry.extra.get("raw_samples_us"), entry.extra.get("speed_ratios")
+            if isinstance(raw, list) and raw and isinstance(ratios, list) and ratios:
+                pick = min if self.statistic == "min" else statistics.median
+                pair.op.attrs.update(raw_measured_us=float(pick(raw)) / scale, speed_ratio=float(statistics.median(ratios)))
         module.attrs.update(
             profile_mode=self.mode, profile_hardware=hw.name, profile_pairs=len(plans), profile_scale=scale,
             profile_device=executor.description, profile_statistic=self.statistic,
             profile_error_mean=sum(errors) / len(errors), profile_error_p95=_percentile(errors, 95.0),
+            profile_normalised=reference is not None,
         )
+
+    def _reference(self, hw: Hardware) -> dict[str, object] | None:
+        """The calibration's reference kernel when readings are to be normalised (CPU), else None."""
+        if not self.normalise or self.device != "cpu":
+            return None
+        reference = hw.extra.get("reference")
+        if not isinstance(reference, dict) or not isinstance(reference.get("us"), (int, float)):
+            raise ProfileError(
+                f"profile: the calibration of '{hw.name}' has no reference kernel to normalise by; calibrate again "
+                "(tessera-calibrate --refresh) or set normalise=false"
+            )
+        return reference
 
     def _device_hardware(self, target: PlanView, executor: PairExecutor, cache_root: Path) -> Hardware:
         """The measured device's hardware: the target on CUDA, the calibrated CPU on CPU."""
@@ -284,10 +316,12 @@ class ProfilePass(ModulePass):
 
     def _fill(
         self, plans: Sequence[tuple[Pair, list[ExecTask], object, str]], cache: ProfileCache, executor: PairExecutor,
-        versions: dict[str, str], module: Module,
+        versions: dict[str, str], module: Module, reference: dict[str, object] | None = None,
     ) -> set[str]:
-        """Measure every pair whose key misses the cache; return the keys measured now."""
-        from passes.costs.execution import signature
+        """Measure every pair whose key misses the cache (between reference readings when
+        ``reference`` is given); return the keys measured now."""
+        from passes.costs.calibrate_cpu import reference_tasks
+        from passes.costs.execution import measure_normalised, signature
 
         todo: dict[str, tuple[Pair, list[ExecTask]]] = {}
         for pair, execs, _, key in plans:
@@ -312,11 +346,18 @@ class ProfilePass(ModulePass):
         try:
             for key, (pair, execs) in todo.items():
                 bar.set_postfix_str(pair.name)
-                m = executor.measure(execs, repeats=self.repeats)
+                extra: dict[str, object] = {"pair": pair.name, "module": module.name}
+                if reference is not None:
+                    n = measure_normalised(executor, execs, self.repeats, reference_tasks(reference), float(reference["us"]))  # type: ignore[arg-type]
+                    m = n.measurement
+                    extra.update(raw_samples_us=list(n.raw_us), speed_ratios=list(n.ratios))
+                else:
+                    m = executor.measure(execs, repeats=self.repeats)
+                    extra["task_us"] = m.task_us
                 cache.put(CacheEntry(
                     key=key, measured_us=m.median_us, min_us=m.min_us, samples_us=list(m.samples_us), spread_us=m.spread_us,
-                    repeats=m.repeats, device=m.device, versions=versions, signature=signature(execs, executor.world_size),
-                    method=m.method, extra={"pair": pair.name, "module": module.name, "task_us": m.task_us},
+                    repeats=m.repeats, device=executor.description, versions=versions,
+                    signature=signature(execs, executor.world_size), method=m.method, extra=extra,
                 ))
                 bar.update(1)
         finally:

@@ -44,7 +44,7 @@ def _calibrate(args: argparse.Namespace, run: Run) -> int:
     print(f"{state}: {path}")
     print(
         f"  {hw.description}\n  fp32 {hw.peak_tflops['fp32'] * 1e3:.0f} GFLOP/s, memory {hw.hbm_gbps:.1f} GB/s, "
-        f"All-to-All {hw.a2a_gbps_intra_node:.2f} GB/s + {hw.a2a_latency_us:.0f} us, task overhead {hw.kernel_launch_us:.0f} us"
+        f"All-to-All {hw.a2a_gbps(hw.gpus_per_node):.2f} GB/s + {hw.a2a_latency_us:.0f} us, task overhead {hw.kernel_launch_us:.0f} us"
     )
     return 0
 

@@ -24,15 +24,34 @@ from tessera_ir.errors import TesseraError
 from tessera_ir.model import Module
 from tessera_ir.printer import print_module
 
-PARALLEL_FLAGS = [
+
+def _recompute_modules(text: str) -> list[str]:
+    """``--recompute`` value: a comma list of module names, or ``none``."""
+    from tessera_ir.parallel import RECOMPUTE_MODULES
+
+    names = [] if text.strip() == "none" else [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in RECOMPUTE_MODULES]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown module(s) {', '.join(unknown)}; use a comma list of {', '.join(RECOMPUTE_MODULES)}, or none"
+        )
+    return names
+
+
+PARALLEL_FLAGS: list[tuple[str, Callable[[str], object], str]] = [
     ("--pp", int, "pipeline-parallel size (devices in the pipeline)"),
     ("--vpp", int, "virtual pipeline stages (model chunks) per device"),
     ("--ep", int, "expert-parallel size"),
-    ("--tp", int, "tensor-parallel size"),
+    ("--tp", int, "tensor-parallel size (with sequence parallelism)"),
+    ("--dp", int, "data-parallel size: replicas of the dense layers, over which the distributed optimizer "
+                  "shards their state (experts: over dp*cp*tp/ep)"),
+    ("--cp", int, "context-parallel size: ranks the sequence is split over (long sequences)"),
     ("--microbatches", int, "micro-batches per iteration"),
     ("--micro-batch-size", int, "sequences per micro-batch"),
     ("--seq-len", int, "sequence length in tokens"),
     ("--dtype", str, "activation/weight dtype: bf16, fp16, fp32, fp8"),
+    ("--recompute", _recompute_modules, "selective recomputation: comma list of core_attn, mla_up_proj, layernorm, "
+                                        "moe_act, moe, shared_experts, mlp (Megatron-Core's module names), or none"),
 ]
 
 
@@ -140,6 +159,8 @@ def _compile_parser() -> argparse.ArgumentParser:
     group = p.add_argument_group("parallel settings (override PARALLEL in model.py and the workload defaults)")
     for flag, typ, help_text in PARALLEL_FLAGS:
         group.add_argument(flag, type=typ, default=None, help=help_text)
+    group.add_argument("--distributed-optimizer", action=argparse.BooleanOptionalAction, default=None,
+                       help="shard optimizer state over the data-parallel replicas (default: on, as public recipes do)")
     cap = p.add_argument_group(
         "capacity report (simulated training iterations of the plan, static and with the DBO; printed after "
         "planning unless the IR goes to stdout)"
@@ -154,8 +175,6 @@ def _compile_parser() -> argparse.ArgumentParser:
     cap.add_argument("--drift", type=float, default=0.05, help="drift: per-iteration step of log-popularity (default 0.05)")
     cap.add_argument("--routing-trace", metavar="PATH", help="trace routing: JSON of per-iteration, per-layer expert counts")
     cap.add_argument("--routing-seed", type=int, default=0, help="seed of the routing draws (default 0)")
-    cap.add_argument("--dp", type=int, default=None,
-                     help="data-parallel replicas, recorded on the module (gradient reduction, optimizer sharding, tokens/s; default 1)")
     cap.add_argument("--no-capacity", action="store_true", help="do not simulate the plan")
     return p
 
@@ -163,8 +182,6 @@ def _compile_parser() -> argparse.ArgumentParser:
 def _routing_spec(args: argparse.Namespace) -> RoutingSpec:
     if args.iterations < 1:
         raise TesseraError(f"--iterations must be at least 1, got {args.iterations}")
-    if args.dp is not None and args.dp < 1:
-        raise TesseraError(f"--dp must be a positive integer, got {args.dp}")
     if args.routing_trace and not Path(args.routing_trace).is_file():
         raise TesseraError(f"--routing-trace {args.routing_trace}: no such file (a JSON of per-iteration, per-layer expert counts)")
     return RoutingSpec(args.routing, seed=args.routing_seed, zipf_s=args.zipf_s, drift=args.drift, trace=args.routing_trace)
@@ -228,7 +245,12 @@ def _compile(args: argparse.Namespace, run: Run) -> int:
         passes = with_ledger(passes, args.ledger)
     routing = _routing_spec(args)  # so do bad simulation settings
     dump = _dump_callback(run, args.dump_after, args.dump_dir)
-    parallel = {flag.lstrip("-").replace("-", "_"): getattr(args, flag.lstrip("-").replace("-", "_")) for flag, _, _ in PARALLEL_FLAGS}
+    names = [flag.lstrip("-").replace("-", "_") for flag, _, _ in PARALLEL_FLAGS] + ["distributed_optimizer"]
+    parallel = {name: getattr(args, name) for name in names}
+    for flag, typ, _ in PARALLEL_FLAGS:  # bad sizes fail before the capture too
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if typ is int and value is not None and value < 1:
+            raise TesseraError(f"{flag} must be a positive integer, got {value}")
     resolve_hardware(args.hardware)  # so does a bad --hardware; cpu is calibrated here if it never was
 
     start = time.perf_counter()
@@ -241,8 +263,6 @@ def _compile(args: argparse.Namespace, run: Run) -> int:
         else:
             warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
     module.attrs["hardware"] = args.hardware  # the target every pass, the report and viz read
-    if args.dp is not None:
-        module.attrs["dp"] = args.dp  # data-parallel replicas: the DBO's memory budget and the simulated iterations read it
     capture_s = time.perf_counter() - start
     start = time.perf_counter()
     if args.verify:

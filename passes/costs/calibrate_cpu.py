@@ -15,7 +15,8 @@ core is the exception: a mean, see below).
 - memory bandwidth from a large tensor copy (bytes read + written per second)
   → ``hbm_gbps``;
 - gloo All-to-All between the local processes at six sizes (Theil-Sen fit) →
-  ``a2a_latency_us`` and ``a2a_gbps_*`` (``t = latency + bytes / bandwidth``);
+  ``a2a_latency_us`` and ``nvlink_gbps`` (``t = latency + bytes / bandwidth``; the ranks share one
+  "node", so every byte takes that link);
 - a fully serial ping-pong chain at two lengths → the cross-stream hand-off
   delay (``contention.cross_stream_sync_us``) and the executor's fixed cost per
   pair (``pair_overhead_us``);
@@ -23,7 +24,14 @@ core is the exception: a mean, see below).
   beside a longer All-to-All, a small All-to-All beside a much longer GEMM (the
   comm thread's wait for a core, ``comm_wait_beside_compute_us``), and a large
   All-to-All beside a longer GEMM and a longer copy → ``sm_share_lost``,
-  ``comm_hbm_share``, ``comm_slowdown_per_compute``, ``comm_slowdown_per_memory``.
+  ``comm_hbm_share``, ``comm_slowdown_per_compute``, ``comm_slowdown_per_memory``;
+- first of all, the *reference kernel* (``reference_tasks``: a GEMM and a copy in a chain,
+  a few ms) and its median time → ``reference``. A shared machine's speed
+  drifts (other work, clock changes) by up to 2x over seconds, so every micro-benchmark
+  above runs between two readings of the reference and its times are scaled by
+  ``reference.us / reference then``: all figures describe the machine at one speed.
+  Measured profiling does the same around every repeat of a pair, so measurements taken
+  at any moment compare with the calibrated figures.
 
 The result is written as a hardware JSON file (``calibration_cache.calibration_path``) and
 loaded with ``load_hardware``. Calibrating takes a minute or two and runs only when asked:
@@ -45,7 +53,7 @@ from pathlib import Path
 from passes.costs.calibration_cache import STATISTICS, WORLD_SIZE, calibration_path
 from passes.costs.hardware import Hardware, load_hardware
 from passes.costs.profile_cache import software_versions
-from runtime.pair_executor import ExecTask, PairExecutor, cpu_model_name
+from runtime.pair_executor import ExecTask, PairExecutor, PairMeasurement, cpu_model_name
 from tessera_ir.kinds import TaskOp
 
 # Length of the GEMM a small All-to-All is timed beside to read the comm thread's wait
@@ -65,7 +73,49 @@ def _a2a(name: str, nbytes: int, order: int = 0) -> ExecTask:
     return ExecTask(name, "all_to_all", "comm", order, bytes=nbytes)
 
 
-def _task_time(ex: PairExecutor, tasks: list[ExecTask], name: str, repeats: int, statistic: str) -> float:
+# The reference kernel's sizes: fixed, so every calibration of a machine times the same chain.
+REFERENCE: dict[str, object] = {"gemm_n": 256, "copy_bytes": 8 << 20}
+
+
+class _AtReferenceSpeed:
+    """The executor as calibration uses it: every measurement runs between two readings of the
+    reference kernel, and all its times are scaled by the reference's calibrated time over the
+    mean of those two readings (the machine's speed at that moment)."""
+
+    def __init__(self, executor: PairExecutor, reference_us: float):
+        self.executor = executor
+        self.reference = reference_tasks(REFERENCE)
+        self.reference_us = reference_us
+
+    def _reference_now(self) -> float:
+        return self.executor.measure(self.reference, repeats=1, warmup=0).samples_us[0]
+
+    def measure(self, tasks: list[ExecTask], repeats: int = 5, warmup: int = 1) -> PairMeasurement:
+        before = self._reference_now()
+        m = self.executor.measure(tasks, repeats=repeats, warmup=warmup)
+        factor = self.reference_us / ((before + self._reference_now()) / 2.0)
+
+        def scaled(times: dict[str, float]) -> dict[str, float]:
+            return {k: v * factor for k, v in times.items()}
+
+        return PairMeasurement(
+            tuple(x * factor for x in m.samples_us), scaled(m.task_us), scaled(m.task_min_us), scaled(m.task_mean_us),
+            scaled(m.task_end_mean_us), m.device, m.method,
+        )
+
+
+def reference_tasks(spec: dict[str, object]) -> list[ExecTask]:
+    """The reference kernel a calibration names in its ``reference`` block: a GEMM, then a copy,
+    on the compute thread of every rank. It reads the share of the processors the ranks get at
+    that moment; an All-to-All in it would mostly read how long the ranks wait to meet, a
+    delay that varies on its own under load and would make the reading noisy."""
+    n, copy_bytes = int(spec["gemm_n"]), int(spec["copy_bytes"])  # type: ignore[call-overload]
+    gemm = _gemm("ref.gemm", n, "fp32")
+    copy = ExecTask("ref.copy", "copy", "compute", 1, (gemm.name,), bytes=copy_bytes)
+    return [gemm, copy]
+
+
+def _task_time(ex: _AtReferenceSpeed, tasks: list[ExecTask], name: str, repeats: int, statistic: str) -> float:
     m = ex.measure(tasks, repeats=repeats, warmup=1)
     return (m.task_min_us if statistic == "min" else m.task_us)[name]
 
@@ -101,11 +151,15 @@ def calibrate(executor: PairExecutor, quick: bool = False, statistic: str = "med
     """
     if statistic not in STATISTICS:
         raise ValueError(f"statistic must be one of {STATISTICS}, got '{statistic}'")
+    repeats = 3 if quick else 7
+    # The reference speed: the reference kernel's typical (or fastest) time, read first.
+    first = executor.measure(reference_tasks(REFERENCE), repeats=4 * repeats + 1, warmup=1)
+    reference: dict[str, object] = dict(REFERENCE, us=first.min_us if statistic == "min" else first.median_us)
+    at_reference = _AtReferenceSpeed(executor, float(reference["us"]))  # type: ignore[arg-type]
 
     def task_time(tasks: list[ExecTask], name: str, n: int) -> float:
-        return _task_time(executor, tasks, name, n, statistic)
+        return _task_time(at_reference, tasks, name, n, statistic)
 
-    repeats = 3 if quick else 7
     target_us = 800.0 if quick else 4000.0  # long enough for a stable reading, short enough to stay cheap
     max_n = 384 if quick else 1536
 
@@ -156,7 +210,7 @@ def calibrate(executor: PairExecutor, quick: bool = False, statistic: str = "med
             prev = (chain[-1].name,) if chain else ()
             chain.append(ExecTask(f"c{i}", "tiny", "compute", i, prev, shapes=((1, 1), (1, 1)), flops=2))
             chain.append(ExecTask(f"a{i}", "all_to_all", "comm", i, (f"c{i}",), bytes=small))
-        m = executor.measure(chain, repeats=2 * repeats)
+        m = at_reference.measure(chain, repeats=2 * repeats)
         if statistic == "min":
             return max(0.0, m.min_us - sum(m.task_min_us.values())), 2 * links - 1
         return max(0.0, m.median_us - sum(m.task_us.values())), 2 * links - 1
@@ -192,7 +246,7 @@ def calibrate(executor: PairExecutor, quick: bool = False, statistic: str = "med
     # comm thread preempt at once), so it is read as a mean, the expectation that a
     # pair's many comm tasks add up, whatever the statistic of the other readings.
     def wait_reading(tasks: list[ExecTask], n: int) -> float:
-        return executor.measure(tasks, repeats=n, warmup=1).task_end_mean_us["a"]
+        return at_reference.measure(tasks, repeats=n, warmup=1).task_end_mean_us["a"]
 
     small_alone = wait_reading([_a2a("a", sizes[2])], 3 * repeats)
     cover_us = WAIT_COVER_US
@@ -228,11 +282,10 @@ def calibrate(executor: PairExecutor, quick: bool = False, statistic: str = "med
         "peak_tflops": peak,
         "hbm_gbps": hbm_gbps,
         "memory_gib": memory_gib,
+        # The ranks are local processes: one "node", its links the measured gloo All-to-All.
         "nvlink_gbps": a2a_gbps,
         "nic_gbps": a2a_gbps,
         "gpus_per_node": executor.world_size,
-        "a2a_gbps_intra_node": a2a_gbps,
-        "a2a_gbps_inter_node": a2a_gbps,
         "a2a_latency_us": latency_us,
         # Compute units: the rank's threads. Communication runs on its own thread,
         # so it takes no unit outright; its interference is the measured contention.
@@ -242,6 +295,8 @@ def calibrate(executor: PairExecutor, quick: bool = False, statistic: str = "med
         # Fixed cost of starting a pair in the executor (thread wake-up, barrier exit skew);
         # the profile pass adds it to the predicted cost of every pair on this device.
         "pair_overhead_us": pair_overhead_us,
+        # The chain measured profiling times beside every pair to follow the machine's speed.
+        "reference": reference,
         # The executor runs every compute task as a GEMM (plus copies), so every
         # kind reaches the measured GEMM throughput.
         "efficiency": {op.value: 1.0 for op in TaskOp},

@@ -4,19 +4,20 @@ Measured profiling executes each pair for real (``runtime/pair_executor.py``) wi
 shrunk by one factor, and compares the time with the analytic cost of the *executed* work on
 the *measured* device. This module turns a scheduled pair (``pair_costs.ScheduledTask``) into
 the executor's plain-data description (``exec_tasks``), prices that description
-(``predicted_exec``), and names what a measurement depends on (``signature``, the cache key).
+(``predicted_exec``), names what a measurement depends on (``signature``, the cache key), and
+times a pair between readings of the calibration's reference kernel (``measure_normalised``).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from passes.costs.contention import ContentionParams, RetimedPair
 from passes.costs.durations import analytic_duration_us, task_utilisation
 from passes.costs.hardware import Hardware
 from passes.costs.pair_costs import ScheduledTask, analytic_cost, contended_tasks
-from runtime.pair_executor import ExecTask, executed_work
+from runtime.pair_executor import ExecTask, PairExecutor, PairMeasurement, executed_work
 from tessera_ir.kinds import Resource
 from tessera_ir.model import Task
 from tessera_ir.parallel import ParallelConfig
@@ -56,7 +57,8 @@ def exec_tasks(
         nbytes = int(round(s.task.bytes * scale))
         shapes: tuple = ()
         if s.stream == Resource.COMPUTE.value:
-            compute_bound = task_utilisation(s.task, hw, parallel)[0] >= 1.0
+            sm_util, mem_util = task_utilisation(s.task, hw, parallel)
+            compute_bound = sm_util >= mem_util  # the kernel group that dominates its time
             if compute_bound and flops >= 2:
                 shapes = _gemm_shape(s.task, flops)
                 nbytes = 0  # the GEMM's own operand traffic is all it moves
@@ -81,7 +83,8 @@ def predicted_exec(
     scaled = []
     for s, e in zip(items, execs):
         flops, nbytes = executed_work(e, world)
-        scaled.append(replace(s, task=replace(s.task, flops=flops, bytes=nbytes)))
+        # The executed kernel is one plain GEMM or copy: no core share, no per-expert rows.
+        scaled.append(replace(s, task=replace(s.task, flops=flops, bytes=nbytes, attrs={})))
     run = replace(parallel, dtype=execs[0].dtype if execs else parallel.dtype)
     tasks = contended_tasks(
         scaled, lambda t: analytic_duration_us(t, hw, run), lambda t: task_utilisation(t, hw, run)
@@ -97,3 +100,38 @@ def signature(execs: list[ExecTask], world: int) -> list:
         [e.kind, e.resource, e.order, e.flops, e.bytes, [list(s) for s in e.shapes], e.dtype, sorted(index[d] for d in e.deps)]
         for e in ordered
     ]
+
+
+@dataclass(frozen=True)
+class NormalisedMeasurement:
+    """A pair timed between reference-kernel readings: the repeats scaled to the calibrated speed
+    (``measurement``: raw time x reference at calibration / reference around that repeat), the
+    raw repeats, and each repeat's speed ratio (reference around it / at calibration; > 1: slower)."""
+
+    measurement: PairMeasurement
+    raw_us: tuple[float, ...]
+    ratios: tuple[float, ...]
+
+
+def measure_normalised(
+    executor: PairExecutor, tasks: list[ExecTask], repeats: int, reference: list[ExecTask], reference_us: float
+) -> NormalisedMeasurement:
+    """Time ``tasks`` ``repeats`` times, each repeat right between two readings of the reference
+    kernel, and scale each repeat by ``reference_us`` over the mean of its two readings.
+
+    The machine's speed drifts over seconds (other work sharing it, clock changes); a pair
+    measured in a slow second would otherwise be compared with figures calibrated in a fast
+    one. Interleaving puts every repeat within milliseconds of its own readings.
+    """
+    executor.measure(tasks, repeats=1, warmup=1)  # warm both, untimed
+    refs = [executor.measure(reference, repeats=1, warmup=1).samples_us[0]]
+    raw: list[float] = []
+    for _ in range(repeats):
+        raw.append(executor.measure(tasks, repeats=1, warmup=0).samples_us[0])
+        refs.append(executor.measure(reference, repeats=1, warmup=0).samples_us[0])
+    ratios = [(refs[i] + refs[i + 1]) / 2.0 / reference_us for i in range(repeats)]
+    scaled = PairMeasurement(
+        tuple(r / q for r, q in zip(raw, ratios)), device=executor.description,
+        method=f"{executor.method}; each repeat between two reference-kernel readings, scaled to the calibrated speed",
+    )
+    return NormalisedMeasurement(scaled, tuple(raw), tuple(ratios))

@@ -1,11 +1,25 @@
 """Hardware descriptions: what a device computes and moves per second, read from JSON files.
 
 A description is a JSON file (``passes/costs/hardware_specs/<name>.json`` for the shipped
-``h100`` and ``h200``, or any path): peak dense throughput per dtype, HBM bandwidth, memory,
-All-to-All bandwidth inside and across nodes, the streaming multiprocessors communication
-kernels occupy, per-kind kernel efficiency, and optionally a ``contention`` block
-(``passes/costs/contention.py``). Fields not listed in ``_REQUIRED`` are kept in
-``Hardware.extra`` (e.g. ``nvlink_gbps``, ``nic_gbps``: descriptive, read by no model yet).
+``h100`` and ``h200``, or any path) with these fields:
+
+- ``peak_tflops`` per dtype, ``hbm_gbps``, ``memory_gib``, ``kernel_launch_us``;
+- the node and its links: ``gpus_per_node``, ``nvlink_gbps`` (per GPU and direction, inside a
+  node), ``nic_gbps`` (per GPU and direction, between nodes), ``a2a_latency_us``, and an
+  optional ``all_to_all`` block: the achieved fraction of each link an All-to-All kernel
+  reaches (``nvlink_efficiency``, ``nic_efficiency``) and ``dedup_per_node`` (DeepEP-style
+  dispatch that sends a token once per remote node and fans it out over NVLink there);
+  ``durations.all_to_all_us`` uses them;
+- compute efficiency: ``efficiency`` per task op is the achieved fraction of peak of the op's
+  GEMM kernels (its projections, or the whole task when it records no core share);
+  ``core_efficiency`` per op that of its core kernel (attention, the delta rule, the scan, the
+  loss; default: the op's ``efficiency``); ``expert_gemm_efficiency`` the grouped expert GEMMs'
+  efficiency as a function of the rows each local expert receives (points
+  ``rows_per_expert`` → ``efficiency``, interpolated in log2 of the rows, held flat beyond the
+  last point and falling in proportion to the rows below the first);
+- ``total_sms``, ``comm_sms`` and an optional ``contention`` block
+  (``passes/costs/contention.py``); ``description``, ``source`` and ``sources`` (where each
+  figure comes from). Other fields are kept in ``Hardware.extra``.
 
 The local CPU, ``cpu``, has no shipped file: ``tessera-calibrate`` (or
 ``tessera-compile --hardware cpu``) measures it once and caches the description
@@ -15,6 +29,7 @@ The local CPU, ``cpu``, has no shipped file: ``tessera-calibrate`` (or
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,41 +46,105 @@ class HardwareError(TesseraError):
 
 
 @dataclass(frozen=True)
+class AllToAll:
+    """How an expert-parallel All-to-All uses the links (the ``all_to_all`` block of a description)."""
+
+    nvlink_efficiency: float = 1.0  # achieved / nominal NVLink bandwidth of the All-to-All kernel
+    nic_efficiency: float = 1.0  # achieved / nominal NIC bandwidth of the All-to-All kernel
+    dedup_per_node: bool = False  # a token crosses the NIC once per remote node, then fans out over NVLink
+
+
+@dataclass(frozen=True)
 class Hardware:
     name: str
     peak_tflops: dict[str, float]
     hbm_gbps: float
     memory_gib: float
     gpus_per_node: int
-    a2a_gbps_intra_node: float
-    a2a_gbps_inter_node: float
+    nvlink_gbps: float
+    nic_gbps: float
     a2a_latency_us: float
     total_sms: int
     comm_sms: int
     kernel_launch_us: float
     efficiency: dict[str, float]
+    core_efficiency: dict[str, float] = field(default_factory=dict)
+    # (rows per local expert, efficiency), rows increasing; empty: efficiency["expert_gemm"]
+    expert_gemm_curve: tuple[tuple[float, float], ...] = ()
+    all_to_all: AllToAll = AllToAll()
     description: str = ""
     source: str = ""
     extra: dict[str, object] = field(default_factory=dict)
 
     def a2a_gbps(self, ep: int) -> float:
-        """All-to-All bandwidth per GPU (GB/s) for an expert-parallel group of ``ep`` ranks."""
-        return self.a2a_gbps_intra_node if ep <= self.gpus_per_node else self.a2a_gbps_inter_node
+        """Effective All-to-All bandwidth per GPU (GB/s) of a large transfer in a group of ``ep``
+        ranks: bytes sent over the time they take (``durations.all_to_all_us``, latency aside)."""
+        seconds = a2a_transfer_s(1e9, ep, self, top_k=1)
+        return 1.0 / seconds if seconds > 0 else self.nvlink_gbps * self.all_to_all.nvlink_efficiency
 
     def peak_flops(self, dtype: str) -> float:
         if dtype not in self.peak_tflops:
             raise HardwareError(f"hardware '{self.name}' gives no peak throughput for dtype '{dtype}'")
         return self.peak_tflops[dtype] * 1e12
 
+    def expert_efficiency(self, rows: float) -> float:
+        """Efficiency of a grouped expert GEMM whose local experts receive ``rows`` rows each."""
+        curve = self.expert_gemm_curve
+        if not curve:
+            return self.efficiency.get("expert_gemm", 0.5)
+        if rows <= curve[0][0]:
+            return curve[0][1] * max(rows, 1.0) / curve[0][0]
+        for (r0, e0), (r1, e1) in zip(curve, curve[1:]):
+            if rows <= r1:
+                w = (math.log2(rows) - math.log2(r0)) / (math.log2(r1) - math.log2(r0))
+                return e0 + w * (e1 - e0)
+        return curve[-1][1]
+
     @property
     def memory_bytes(self) -> int:
         return int(self.memory_gib * 2**30)
 
 
+def a2a_transfer_s(nbytes: float, ep: int, hw: Hardware, top_k: int = 1) -> float:
+    """Seconds the links take to move one rank's All-to-All of ``nbytes`` (the bytes bound for
+    other ranks) in a group of ``ep`` ranks, latency excluded. ``durations`` documents the model."""
+    on_node, off_node = a2a_link_bytes(nbytes, ep, hw, top_k)
+    a2a = hw.all_to_all
+    nvlink = on_node / (hw.nvlink_gbps * a2a.nvlink_efficiency * 1e9) if on_node else 0.0
+    nic = off_node / (hw.nic_gbps * a2a.nic_efficiency * 1e9) if off_node else 0.0
+    return max(nvlink, nic)
+
+
+def a2a_link_bytes(nbytes: float, ep: int, hw: Hardware, top_k: int = 1) -> tuple[float, float]:
+    """(bytes over NVLink, bytes over the NIC) of one rank's All-to-All of ``nbytes``.
+
+    Routing is balanced: of a rank's token slots a share ``1/ep`` stays on the rank (not in
+    ``nbytes``), ``(G-1)/ep`` goes to the other ``G-1`` GPUs of its node (``G`` =
+    ``gpus_per_node``) and ``(ep-G)/ep`` to other nodes. An EP group within a node uses NVLink
+    only. With ``dedup_per_node`` a token with ``top_k`` experts crosses the NIC once for each
+    remote node holding at least one of them, ``(N-1)·(1-(1-1/N)^k)`` times in expectation with
+    ``N = ep/G`` nodes, and every slot not bound for the GPU it arrives at moves once over
+    NVLink (a share ``(G-1)/G``).
+    """
+    g = hw.gpus_per_node
+    if ep <= 1 or nbytes <= 0:
+        return 0.0, 0.0
+    if ep <= g:
+        return float(nbytes), 0.0
+    slots = nbytes * ep / (ep - 1)  # every slot of the rank, its own share included
+    if not hw.all_to_all.dedup_per_node or top_k <= 1:
+        return slots * (g - 1) / ep, slots * (ep - g) / ep
+    nodes = ep / g
+    token_bytes = slots / top_k
+    off = token_bytes * (nodes - 1) * (1.0 - (1.0 - 1.0 / nodes) ** top_k)
+    return slots * (g - 1) / g, off
+
+
 _REQUIRED = [
-    "name", "peak_tflops", "hbm_gbps", "memory_gib", "gpus_per_node", "a2a_gbps_intra_node",
-    "a2a_gbps_inter_node", "a2a_latency_us", "total_sms", "comm_sms", "kernel_launch_us", "efficiency",
+    "name", "peak_tflops", "hbm_gbps", "memory_gib", "gpus_per_node", "nvlink_gbps", "nic_gbps",
+    "a2a_latency_us", "total_sms", "comm_sms", "kernel_launch_us", "efficiency",
 ]
+_OPTIONAL = ("description", "source", "core_efficiency", "expert_gemm_efficiency", "all_to_all")
 
 
 def shipped_hardware() -> list[str]:
@@ -149,5 +228,52 @@ def load_hardware(name_or_file: str | Path) -> Hardware:
     if missing:
         raise HardwareError(f"{path}: hardware description lacks {', '.join(missing)}")
     known = {k: data[k] for k in _REQUIRED}
-    extra = {k: v for k, v in data.items() if k not in _REQUIRED and k not in ("description", "source")}
-    return Hardware(**known, description=data.get("description", ""), source=data.get("source", ""), extra=extra)
+    extra = {k: v for k, v in data.items() if k not in _REQUIRED and k not in _OPTIONAL}
+    return Hardware(
+        **known,
+        core_efficiency=_number_map(data.get("core_efficiency", {}), path, "core_efficiency"),
+        expert_gemm_curve=_curve(data.get("expert_gemm_efficiency"), path),
+        all_to_all=_all_to_all(data.get("all_to_all", {}), path),
+        description=data.get("description", ""),
+        source=data.get("source", ""),
+        extra=extra,
+    )
+
+
+def _number_map(value: object, path: Path, key: str) -> dict[str, float]:
+    if not isinstance(value, dict) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for k, v in value.items() if k != "source"
+    ):
+        raise HardwareError(f"{path}: '{key}' must map task ops to positive numbers")
+    return {k: float(v) for k, v in value.items() if k != "source"}
+
+
+def _curve(value: object, path: Path) -> tuple[tuple[float, float], ...]:
+    if value is None:
+        return ()
+    where = f"{path}: 'expert_gemm_efficiency'"
+    if not isinstance(value, dict) or not isinstance(value.get("rows_per_expert"), list) or not isinstance(
+        value.get("efficiency"), list
+    ):
+        raise HardwareError(f"{where} must give lists 'rows_per_expert' and 'efficiency'")
+    rows, eff = value["rows_per_expert"], value["efficiency"]
+    numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in rows + eff)
+    if len(rows) != len(eff) or not rows or not numbers or any(b <= a for a, b in zip(rows, rows[1:])):
+        raise HardwareError(f"{where}: give as many positive efficiencies as rows, rows strictly increasing")
+    return tuple((float(r), float(e)) for r, e in zip(rows, eff))
+
+
+def _all_to_all(value: object, path: Path) -> AllToAll:
+    if not isinstance(value, dict):
+        raise HardwareError(f"{path}: 'all_to_all' must be a JSON object")
+    out = AllToAll()
+    for key in ("nvlink_efficiency", "nic_efficiency"):
+        x = value.get(key, getattr(out, key))
+        if not isinstance(x, (int, float)) or isinstance(x, bool) or not 0 < x <= 1:
+            raise HardwareError(f"{path}: all_to_all.{key} must lie in (0, 1], got {x!r}")
+    dedup = value.get("dedup_per_node", False)
+    if not isinstance(dedup, bool):
+        raise HardwareError(f"{path}: all_to_all.dedup_per_node must be true or false")
+    return AllToAll(
+        float(value.get("nvlink_efficiency", 1.0)), float(value.get("nic_efficiency", 1.0)), dedup
+    )

@@ -211,7 +211,7 @@ def _solve_phase(
             binding = [
                 (v_index, vector)
                 for v_index, vector in enumerate(mem.vectors[d])
-                if top_static + sum(n * a for n, a in zip(vector, top_act)) + headroom > mem.capacity
+                if top_static + sum(n * a for n, a in zip(vector, top_act)) + headroom > mem.budget
             ]
             if not binding:
                 continue
@@ -223,7 +223,7 @@ def _solve_phase(
                     prob += h >= act, f"headroom_{d}_{c}"
             for v_index, vector in binding:
                 held = pulp.lpSum(n * act for n, act in zip(vector, acts) if n)
-                prob += static + held + h <= mem.capacity, f"mem_{d}_{v_index}"
+                prob += static + held + h <= mem.budget, f"mem_{d}_{v_index}"
     prob += z if phase == 1 else (pulp.lpSum(meeting_cost) if phase == 2 else 0 * z)
     warm = False
     if start is not None and solver == "cbc" and all(r in set(cands[s]) for s, r in enumerate(start)):

@@ -49,7 +49,7 @@ def _memory_floor(problem: PartitionProblem, cands: list[set[Range]]) -> list[se
             for r in cands[s]:
                 act = mem.activation(s, r)
                 need = others + mem.static(s, r) + top[c] * act + (act if mem.wgrad_headroom else 0)
-                if need > mem.capacity:
+                if need > mem.budget:
                     out[s].discard(r)
     return out
 

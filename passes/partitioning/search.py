@@ -57,8 +57,8 @@ def memory_error(problem: PartitionProblem, solver: str, time_limit: float) -> M
     return MemoryInfeasibleError(
         f"no partition fits in device memory: device {d} needs {need} bytes ({need / GIB:.2f} GiB) in the best "
         f"partition without the limit, but {mem.capacity} bytes ({mem.capacity / GIB:.2f} GiB) are available; "
-        "raise --pp, shard the optimizer (distributed optimizer), lower the micro-batch size, or widen the "
-        "candidate window"
+        "raise --pp, --dp (the distributed optimizer shards over it) or --cp, recompute more (--recompute), "
+        "lower the micro-batch size, or widen the candidate window"
     )
 
 

@@ -39,10 +39,17 @@ forward and backward groups are exactly out of phase and chunk 0 only meets chun
 the last rank has W=(vpp−1)·pp, in phase, so each chunk only meets itself.
 
 ``combined=True`` is the variant Megatron-Core runs when it overlaps expert-parallel
-All-to-All across micro-batches (combined 1F1B): one more warm-up forward per rank, so
-that the forward and backward of every steady-state pair are independent. Without it the
-last rank's steady pairs join a chunk's forward and backward of the *same* micro-batch,
-which cannot overlap. It is off by default (the planning passes read the plain order).
+All-to-All across micro-batches (combined 1F1B, ``--overlap-moe-expert-parallel-comm``): one
+more warm-up forward per rank, so that the forward and backward of every steady-state pair
+are independent. Without it the last rank's steady pairs join a chunk's forward and backward
+of the *same* micro-batch, which cannot overlap (the backward needs that forward's output),
+and the last rank meets only chunk (0, 0) and (1, 1); with it, with pp=8, vpp=2, the middle
+and last ranks meet all four chunk combinations. The planning passes use it whenever expert
+parallelism is on (``ParallelConfig.combined_1f1b``: ``ep > 1``), since overlapping the EP
+All-to-All of one micro-batch with another's computation is what a Tessera pair is. The pair
+builder (``steady_pairs``) refuses a combined order whose pair would join one micro-batch's
+forward and backward of one chunk. The plain order stays for runs without EP communication,
+where a steady "pair" is a forward followed by a backward, nothing overlapping.
 """
 
 from __future__ import annotations
@@ -151,15 +158,31 @@ def rank_order(
     return actions
 
 
+class DependentPairError(AssertionError):
+    """A combined-1F1B pair whose two sides are one micro-batch's forward and backward of one chunk."""
+
+
 def steady_pairs(
     pp: int, vpp: int, microbatches: int, rank: int, combined: bool = False, group: int | None = None
 ) -> list[tuple[Slot, Slot]]:
-    """(forward slot, backward slot) of every steady-state pair of ``rank``, in order."""
-    return [
-        ((a.chunk, a.microbatch), a.paired_with)
-        for a in rank_order(pp, vpp, microbatches, rank, combined, group)
-        if a.direction == "fwd" and a.paired_with is not None
-    ]
+    """(forward slot, backward slot) of every steady-state pair of ``rank``, in order.
+
+    In the combined order the two sides of a pair run at the same time, so they must be
+    independent: a pair joining the forward and the backward of the same micro-batch of the
+    same chunk (the backward needs that very forward) is an error in the order itself.
+    """
+    pairs = []
+    for a in rank_order(pp, vpp, microbatches, rank, combined, group):
+        if a.direction != "fwd" or a.paired_with is None:
+            continue
+        fwd = (a.chunk, a.microbatch)
+        if combined and fwd == a.paired_with:
+            raise DependentPairError(
+                f"combined 1F1B (pp={pp}, vpp={vpp}, microbatches={microbatches}) pairs chunk {fwd[0]}'s forward and "
+                f"backward of micro-batch {fwd[1]} on rank {rank}; the backward depends on that forward"
+            )
+        pairs.append((fwd, a.paired_with))
+    return pairs
 
 
 def meeting_chunks(pp: int, vpp: int, microbatches: int, rank: int, combined: bool = False) -> list[tuple[int, int]]:

@@ -75,7 +75,7 @@ class BuildOptions:
     method: str = "plan"  # "plan" or a scheduler: gap-fit | fixed-template | serial
     dbo: bool = False  # find slots and the deferrable pool
     dp: int | None = None  # data-parallel replicas; None: the module's "dp" attribute, else 1
-    distributed_optimizer: bool = True
+    distributed_optimizer: bool | None = None  # None: the module's setting (ParallelConfig, on by default)
     dbo_memory_fraction: float = 0.03  # the DBO pool's budget, as a share of device memory (see dbo_budgets)
 
 
@@ -292,7 +292,7 @@ class SimulationBuilder:
         ranks = []
         for r in range(p.pp):
             actions: list[sim.Action] = []
-            items = rank_order(p.pp, p.vpp, p.microbatches, r, combined=True)
+            items = rank_order(p.pp, p.vpp, p.microbatches, r, combined=p.combined_1f1b)
             k = 0
             while k < len(items):
                 a = items[k]
@@ -318,7 +318,7 @@ class SimulationBuilder:
             ranks=tuple(ranks),
             decoder_layers=len(self.module.decoder_layers()),
             p2p_latency_us=self._link("p2p_latency_us", self.hw.a2a_latency_us),
-            p2p_bytes_per_us=self._link("p2p_gbps", self.hw.a2a_gbps_inter_node) * 1e3,
+            p2p_bytes_per_us=self._link("p2p_gbps", self.hw.nic_gbps) * 1e3,
             activation_bytes=self._hidden_bytes(),
             grad_reduce_us=self._grad_reduce(layers),
             static_bytes=self._static_bytes(layers),
@@ -346,7 +346,7 @@ class SimulationBuilder:
     def _grad_reduce(self, layers: Sequence[Sequence[Layer]]) -> tuple[tuple[float, ...], ...]:
         p = self.parallel
         expert_dp = max(1, self.dp * p.tp // p.ep)
-        bandwidth = self._link("grad_reduce_gbps", self.hw.a2a_gbps_inter_node) * 1e3  # bytes per µs
+        bandwidth = self._link("grad_reduce_gbps", self.hw.nic_gbps) * 1e3  # bytes per µs
 
         def ring(nbytes: float, ranks: int) -> float:
             return 0.0 if ranks <= 1 or nbytes <= 0 else self.hw.a2a_latency_us + (ranks - 1) / ranks * nbytes / bandwidth
@@ -364,9 +364,13 @@ class SimulationBuilder:
 
     def _static_bytes(self, layers: Sequence[Sequence[Layer]]) -> tuple[int, ...]:
         p = self.parallel
-        assumptions = MemoryAssumptions(dp=self.dp, distributed_optimizer=self.options.distributed_optimizer)
+        try:
+            sharding = p.replace(dp=self.dp, distributed_optimizer=self.options.distributed_optimizer)
+        except TesseraError as err:
+            raise BuildError(f"simulating with dp={self.dp}: {err}") from None
+        assumptions = MemoryAssumptions()
         return tuple(
-            sum(layer_static_bytes(x, p, assumptions) for c in range(p.vpp) for x in layers[r + c * p.pp])
+            sum(layer_static_bytes(x, sharding, assumptions) for c in range(p.vpp) for x in layers[r + c * p.pp])
             for r in range(p.pp)
         )
 

@@ -61,7 +61,9 @@ def test_dense_block_flops_and_bytes_by_hand():
     assert layer.task("l0.dense_mlp.dgrad").flops == fwd.flops
     assert layer.task("l0.dense_mlp.wgrad").flops == fwd.flops
     assert fwd.bytes == d * sum(m * k + k * n + m * n for m, n, k in gemms)
-    assert fwd.act_bytes == d * sum(m * k for m, _, k in gemms)
+    # Saved for backward: the norm's input and output (sequence-parallel shards, T/TP x H each), the
+    # gate and up outputs (T x I/TP each) and the down projection's input (T x I/TP).
+    assert fwd.act_bytes == d * (2 * (t // tp) * h + 2 * t * (i // tp) + t * (i // tp))
     # The layer's weights (MLP + its LayerNorm), split over TP.
     assert fwd.param_bytes == d * (-(-(3 * h * i) // tp) + 2 * h)
     assert fwd.shapes == [[3, 8, h], [3, 8, h]]
@@ -83,6 +85,14 @@ def test_dispatch_and_combine_bytes():
     inter = 32
     assert experts.flops == 2 * tokens_per_rank * top_k * (2 * inter * hidden + hidden * inter)
     assert experts.param_bytes == (8 // ep) * 3 * inter * hidden * d
+    # The grouped GEMMs read every local expert's weights; each local expert gets its share of the rows.
+    rows = tokens_per_rank * top_k
+    local = 8 // ep
+    # fused gate/up: rows x H in, local x (2I x H) weights, rows x 2I out; down: rows x I in, local x (H x I), rows x H out.
+    assert experts.bytes == d * (rows * hidden + local * 2 * inter * hidden + rows * 2 * inter
+                                 + rows * inter + local * hidden * inter + rows * hidden)
+    assert experts.attrs["rows_per_expert"] == rows * ep // 8
+    assert tasks["l0.dispatch.fwd"].attrs["top_k"] == top_k
 
 
 def test_single_rank_sends_nothing():
@@ -97,7 +107,13 @@ def test_causal_pairs(seq, window, pairs):
 def test_attention_core_by_hand():
     work = costs.attention_core(batch=2, seq=4, heads=8, d_qk=16, d_v=8, window=None, tp=2)
     assert work.fwd_flops == 2 * 2 * 4 * 10 * (16 + 8)
-    assert work.dgrad_flops == 2 * work.fwd_flops and work.wgrad_flops == 0
+    # Flash attention's backward recomputes the scores: 5 matrix products against the forward's 2.
+    assert work.dgrad_flops == 5 * work.fwd_flops // 2 and work.wgrad_flops == 0
+    # Saved: Q (8/2 heads x 16), K and V (per key-value head, here all 8/2) and fp32 softmax statistics.
+    assert work.saved == 2 * 4 * (4 * 16 + 4 * (16 + 8)) + 2 * 4 * 4 * 2
+    # Context parallelism: each of cp ranks computes an equal share of the pairs on its share of the tokens.
+    cp2 = costs.attention_core(batch=2, seq=4, heads=8, d_qk=16, d_v=8, window=None, tp=2, cp=2)
+    assert cp2.core_flops * 2 == work.core_flops and cp2.saved * 2 == work.saved
 
 
 def test_delta_rule_chunks_round_up():
@@ -156,3 +172,44 @@ def test_modulelist_experts_and_outermost_stack():
     experts = module.task_map()["l0.expert_gemm.fwd"]
     assert experts.flops == 2 * 10 * 2 * (3 * 16 * 24)
     assert experts.param_bytes == 2 * (8 // 4) * 3 * 16 * 24
+
+
+def test_mixer_tasks_record_their_core_share():
+    module = captured(str(TINY), seq_len=64)
+    tasks = module.task_map()
+    attention = tasks["l3.attention.fwd"]
+    core = attention.attrs["core_flops"]
+    assert 0 < core < attention.flops  # projections are the rest
+    dgrad = tasks["l3.attention.dgrad"]
+    # dgrad: the same projection GEMMs plus 2.5x the core.
+    assert dgrad.attrs["core_flops"] == 5 * core // 2
+    assert dgrad.flops - dgrad.attrs["core_flops"] == attention.flops - core
+    assert "core_flops" not in tasks["l3.attention.wgrad"].attrs
+    assert tasks["l0.linear_attention.fwd"].attrs["core_flops"] > 0
+
+
+def test_selective_recomputation_trades_activations_for_backward_work():
+    plain = captured(str(TINY), seq_len=64).task_map()
+    again = captured(str(TINY), seq_len=64, recompute=("layernorm", "moe_act")).task_map()
+    t, h = 64, 64
+    # layernorm drops each norm's output (T x H): once in the mixer, once in the router.
+    assert plain["l3.attention.fwd"].act_bytes - again["l3.attention.fwd"].act_bytes == t * h * 4
+    assert plain["l3.router.fwd"].act_bytes - again["l3.router.fwd"].act_bytes == t * h * 4
+    # moe_act drops the experts' activation output: rows x intermediate.
+    rows, inter = t * 2, 32
+    assert plain["l3.expert_gemm.fwd"].act_bytes - again["l3.expert_gemm.fwd"].act_bytes == rows * inter * 4
+    moe = captured(str(TINY), seq_len=64, recompute=("moe",)).task_map()
+    # moe recomputation keeps nothing inside the block and reruns its forward in the backward,
+    # both All-to-Alls included (on combine.dgrad).
+    assert moe["l3.expert_gemm.fwd"].act_bytes == 0 and moe["l3.shared_expert.fwd"].act_bytes == 0
+    assert moe["l3.expert_gemm.dgrad"].flops == plain["l3.expert_gemm.dgrad"].flops + plain["l3.expert_gemm.fwd"].flops
+    assert moe["l3.combine.dgrad"].bytes == 3 * plain["l3.combine.dgrad"].bytes
+
+
+def test_context_parallelism_splits_the_tokens():
+    # 256 tokens: every context-parallel rank still holds whole 64-token delta-rule chunks.
+    one = captured(str(TINY), seq_len=256).task_map()
+    two = captured(str(TINY), seq_len=256, cp=2).task_map()
+    for name in ("l0.linear_attention.fwd", "l3.attention.fwd", "l3.expert_gemm.fwd", "l3.shared_expert.fwd"):
+        assert two[name].flops * 2 == pytest.approx(one[name].flops, rel=0.02), name
+    assert two["l3.dispatch.fwd"].bytes * 2 == one["l3.dispatch.fwd"].bytes

@@ -101,7 +101,7 @@ def test_window_grows_candidate_sets():
 def test_pairs_follow_meetings_and_are_deduplicated():
     m = run(QWEN3_NEXT_PATTERN * 4, 2, 2, window=1, microbatches=16)
     parallel = ParallelConfig.from_attrs(m.attrs)
-    meets = meeting_stages(parallel.pp, parallel.vpp, parallel.microbatches)
+    meets = meeting_stages(parallel.pp, parallel.vpp, parallel.microbatches, parallel.combined_1f1b)
     view = PlanView(m)
     keys = set()
     seen_combos = set()

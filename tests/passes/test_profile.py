@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import runtime.pair_executor as pair_executor
-from passes.costs.calibrate_cpu import cpu_hardware
+from passes.costs.calibrate_cpu import cpu_hardware, reference_tasks
 from passes.costs.calibration_cache import calibration_path
 from passes.costs.contention import ContentionParams, retime
 from passes.costs.durations import task_duration_us
@@ -246,9 +246,14 @@ def test_damaged_entries_are_misses_and_writes_are_atomic(tmp_path):
 
 
 class CountingExecutor:
-    """Executor with the real interface whose 'measurement' is a fixed function of the work."""
+    """Executor with the real interface whose 'measurement' is a fixed function of the work.
+
+    ``calls`` records every pair executed (a pair's first, warmed-up, measurement; the
+    reference kernel's readings are not pairs); ``slowdown`` makes the machine that much slower.
+    """
 
     calls: list[list[ExecTask]] = []
+    slowdown = 1.0
 
     def __init__(self, world_size: int = 2, device: str = "cpu", threads_per_rank: int | None = None, timeout_s: float = 300.0):
         self.world_size = world_size
@@ -257,8 +262,9 @@ class CountingExecutor:
         self.method = "counted"
 
     def measure(self, tasks, repeats: int = 5, warmup: int = 1) -> PairMeasurement:  # noqa: ANN001
-        CountingExecutor.calls.append(list(tasks))
-        base = 10.0 + sum(t.flops for t in tasks) / 1e6 + sum(t.bytes for t in tasks) / 1e6
+        if warmup and not all(t.name.startswith("ref.") for t in tasks):
+            CountingExecutor.calls.append(list(tasks))
+        base = (10.0 + sum(t.flops for t in tasks) / 1e6 + sum(t.bytes for t in tasks) / 1e6) * CountingExecutor.slowdown
         samples = tuple(base * (1 + 0.01 * i) for i in range(repeats))
         return PairMeasurement(samples, device=self.description, method=self.method)
 
@@ -269,11 +275,17 @@ class CountingExecutor:
 @pytest.fixture
 def counting(monkeypatch, tmp_path):
     CountingExecutor.calls = []
+    CountingExecutor.slowdown = 1.0
     monkeypatch.setattr(pair_executor, "PairExecutor", CountingExecutor)
-    # A hardware description where calibration would put it, so nothing is calibrated.
+    # A hardware description where calibration would put it, so nothing is calibrated; its
+    # reference kernel took what the counting executor says for it at slowdown 1.
     data = json.loads((HARDWARE_DIR / "h100.json").read_text())
     data["name"] = "cpu"
     data["peak_tflops"]["fp32"] = 0.1
+    reference: dict[str, Any] = {"gemm_n": 16, "copy_bytes": 65536}
+    tasks = reference_tasks(reference)
+    reference["us"] = 10.0 + sum(t.flops for t in tasks) / 1e6 + sum(t.bytes for t in tasks) / 1e6
+    data["reference"] = reference
     path = calibration_path(tmp_path, 2, pair_executor.default_threads_per_rank(2))
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(data))
@@ -300,6 +312,32 @@ def test_measured_pairs_record_prediction_error_and_summary(counting):
     assert 0 < m.attrs["profile_scale"] <= 1
 
 
+def test_repeats_are_scaled_to_the_calibrated_speed(counting):
+    # The machine runs 2.5x slower than when it was calibrated: the reference kernel read beside
+    # every repeat says so, and the measured cost is the raw time scaled back.
+    spec = f"profile{{mode=measured repeats=3 cache-dir={counting} scale=0.001}}"
+
+    def forget() -> None:
+        for entry in ProfileCache(counting).dir.glob("*.json"):
+            entry.unlink()
+
+    calm = run(module_with_pairs(), spec)
+    forget()
+    CountingExecutor.slowdown = 2.5
+    busy = run(module_with_pairs(), spec)
+    for a, b in zip(calm.plan_ops("pair"), busy.plan_ops("pair")):
+        assert a.attrs["speed_ratio"] == pytest.approx(1.0) and b.attrs["speed_ratio"] == pytest.approx(2.5)
+        assert b.attrs["raw_measured_us"] == pytest.approx(2.5 * a.attrs["raw_measured_us"])
+        assert b.attrs["measured_us"] == pytest.approx(a.attrs["measured_us"])
+    assert busy.attrs["profile_normalised"] is True
+    # Without normalisation the readings are the raw ones.
+    forget()
+    plain = run(module_with_pairs(), spec.replace("}", " normalise=false}"))
+    assert plain.attrs["profile_normalised"] is False and "raw_measured_us" not in plain.plan_ops("pair")[0].attrs
+    for a, b in zip(busy.plan_ops("pair"), plain.plan_ops("pair")):
+        assert b.attrs["measured_us"] == pytest.approx(a.attrs["raw_measured_us"], rel=0.02)
+
+
 def test_second_run_uses_the_cache_and_a_killed_run_resumes(counting):
     spec = f"profile{{mode=measured repeats=2 cache-dir={counting} scale=0.001}}"
     first = run(module_with_pairs(), spec)
@@ -318,7 +356,7 @@ def test_second_run_uses_the_cache_and_a_killed_run_resumes(counting):
     assert len(CountingExecutor.calls) == 3
     assert sorted(op.attrs["cost_source"] for op in third.plan_ops("pair")) == ["cache", "measured"]
     stored = cache.entries()
-    assert len(stored) == 2 and all(e.repeats == 2 and e.method == "counted" and e.when for e in stored)
+    assert len(stored) == 2 and all(e.repeats == 2 and e.method.startswith("counted") and e.when for e in stored)
 
 
 def test_identical_pairs_are_measured_once(counting):

@@ -7,6 +7,7 @@ from passes.partitioning.memory import (
     device_peak_bytes,
     inflight_vectors,
     layer_activation_bytes,
+    layer_param_bytes,
     layer_static_bytes,
 )
 from passes.pipelining.order import warmup_forwards
@@ -24,11 +25,25 @@ def test_static_bytes_mixed_precision_adam():
     params = (10**9 // 2) * 3 // 2
     assert sum(t.param_bytes for t in layer.tasks) == params * 2
     assert layer_static_bytes(layer, ParallelConfig(), MemoryAssumptions()) == params * 18
-    # The distributed optimizer shards the 12 optimizer bytes over dp=4: 2 + 4 + 3 = 9 bytes per parameter.
-    sharded = MemoryAssumptions(distributed_optimizer=True, dp=4)
-    assert layer_static_bytes(layer, ParallelConfig(), sharded) == params * 9
-    # Without the flag, dp does not shard anything.
-    assert layer_static_bytes(layer, ParallelConfig(), MemoryAssumptions(dp=4)) == params * 18
+    # The distributed optimizer (on by default) shards the 12 optimizer bytes over dp=4: 2 + 4 + 3 = 9.
+    assert layer_static_bytes(layer, ParallelConfig(dp=4), MemoryAssumptions()) == params * 9
+    # Context parallelism adds replicas of the dense weights: dp * cp = 8 shards, 2 + 4 + 1.5 = 7.5.
+    assert layer_static_bytes(layer, ParallelConfig(dp=4, cp=2), MemoryAssumptions()) == params * 15 // 2
+    # Without the distributed optimizer, dp shards nothing.
+    unsharded = ParallelConfig(dp=4, distributed_optimizer=False)
+    assert layer_static_bytes(layer, unsharded, MemoryAssumptions()) == params * 18
+
+
+def test_expert_state_shards_over_expert_data_parallel_ranks():
+    # Dense weights shard over dp*cp, expert weights over expert_dp = dp*cp*tp/ep.
+    m = synthetic_module([("attention", "moe")], param_bytes=600, shared_expert=False)
+    layer = m.decoder_layers()[0]
+    dense, expert = layer_param_bytes(layer)
+    assert dense > 0 and expert > 0
+    p = ParallelConfig(dp=8, tp=2, ep=4)
+    assert (p.dp * p.cp, p.expert_dp) == (8, 4)
+    want = dense // 2 * (2 + 4 + 12 / 8) + expert // 2 * (2 + 4 + 12 / 4)
+    assert layer_static_bytes(layer, p, MemoryAssumptions()) == round(want)
 
 
 def test_activation_bytes_sum_forward_tasks_only():
@@ -52,6 +67,8 @@ def test_inflight_counts_follow_megatron_interleaving():
     assert [inflight_total(4, 2, 16, d) for d in range(4)] == [11, 9, 7, 5]
     # Capped by the number of forwards that exist (microbatches x vpp).
     assert inflight_total(8, 2, 8, 0) == 16
+    # Combined 1F1B (expert parallelism on) warms up one more forward: one more micro-batch in flight.
+    assert [max(sum(v) for v in inflight_vectors(4, 2, 16, d, combined=True)) for d in range(4)] == [12, 10, 8, 6]
 
 
 def test_inflight_vectors_per_chunk_by_hand():
@@ -74,3 +91,5 @@ def test_device_peak_bytes_by_hand():
     # max(7*10 + 4*30, 8*10 + 3*30) = max(190, 170) = 190; headroom = max act = 30.
     assert device_peak_bytes(static, act, vectors, wgrad_headroom=True) == 300 + 190 + 30
     assert device_peak_bytes(static, act, vectors, wgrad_headroom=False) == 300 + 190
+    # The reserve (CUDA context, communication buffers) is added once per device.
+    assert device_peak_bytes(static, act, vectors, wgrad_headroom=False, reserved=1000) == 1000 + 300 + 190

@@ -8,8 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from passes.pipelining import order
 from passes.pipelining.order import (
     Action,
+    DependentPairError,
     backward_slot,
     forward_slot,
     meeting_chunks,
@@ -210,3 +212,75 @@ def test_combined_order_pairs_only_independent_work(pp: int, vpp: int, m: int, d
         assert fwd[1] != bwd[1], (pp, vpp, m, rank, fwd, bwd)
     actions = rank_order(pp, vpp, m, rank, combined=True)
     assert as_tuples(actions) == enumerate_megatron(pp, vpp, m, rank, combined=True)
+
+
+def megatron_virtual_slot(k: int, pp: int, vpp: int, forward: bool) -> tuple[int, int]:
+    """Megatron-Core's own indexing of a rank's k-th virtual micro-batch (``get_model_chunk_id`` and
+    ``get_microbatch_id_in_model_chunk`` of its interleaved schedule), written from their definitions:
+    the chunk is the position within a group of pp*vpp divided by pp (reversed for backwards), the
+    micro-batch is the group's first micro-batch plus the position modulo pp."""
+    in_group = k % (pp * vpp)
+    chunk = in_group // pp
+    if not forward:
+        chunk = vpp - 1 - chunk
+    return chunk, (k // (pp * vpp)) * pp + k % pp
+
+
+def independent_meetings(pp: int, vpp: int, m: int, rank: int) -> set[tuple[int, int]]:
+    """Chunk combinations of a rank's combined-1F1B steady state, from Megatron-Core's indexing and its
+    warm-up count with expert-parallel overlap on (one more than interleaved 1F1B's)."""
+    total = m * vpp
+    warm = min(total, (pp - rank - 1) * 2 + (vpp - 1) * pp + 1) if vpp > 1 else min(total, pp - rank)
+    return {
+        (megatron_virtual_slot(warm + j, pp, vpp, True)[0], megatron_virtual_slot(j, pp, vpp, False)[0])
+        for j in range(total - warm)
+    }
+
+
+@pytest.mark.parametrize(("pp", "vpp", "m"), [(8, 2, 64), (4, 2, 16), (4, 3, 12), (6, 2, 24), (8, 4, 64), (2, 2, 8)])
+def test_combined_meetings_match_an_independent_enumeration(pp: int, vpp: int, m: int) -> None:
+    for rank in range(pp):
+        got = set(meeting_chunks(pp, vpp, m, rank, combined=True))
+        want = independent_meetings(pp, vpp, m, rank) or {(c, c) for c in range(vpp)}
+        assert got == want, (pp, vpp, m, rank)
+
+
+def test_combined_order_meets_every_chunk_combination_on_the_middle_and_last_devices() -> None:
+    # PP8 VPP2, 64 micro-batches: in the plain order the last device meets only (0,0) and (1,1), pairing a
+    # chunk's forward with the backward of the same micro-batch, and the middle device 3 (W = 16, a whole
+    # number of groups) only (0,1) and (1,0); with the extra warm-up forward every device meets all four.
+    assert meeting_chunks(8, 2, 64, 7) == [(0, 0), (1, 1)]
+    assert meeting_chunks(8, 2, 64, 3) == [(0, 1), (1, 0)]
+    for rank in range(8):
+        assert meeting_chunks(8, 2, 64, rank, combined=True) == [(0, 0), (0, 1), (1, 0), (1, 1)], rank
+
+
+def test_every_combined_pair_is_independent_in_the_executed_order() -> None:
+    # Independence read off the order itself: the backward of a steady pair may only run beside a
+    # forward if its own forward (same chunk, same micro-batch) ran on this rank at an earlier step.
+    for pp, vpp, m in [(8, 2, 64), (4, 2, 16), (4, 1, 9), (3, 3, 9)]:
+        for rank in range(pp):
+            actions = rank_order(pp, vpp, m, rank, combined=True)
+            done: set[tuple[int, int]] = set()
+            for a in actions:
+                if a.phase == "steady" and a.direction == "fwd":
+                    assert a.paired_with in done, (pp, vpp, m, rank, a)
+                if a.direction == "fwd":
+                    done.add((a.chunk, a.microbatch))
+
+
+def test_the_pair_builder_refuses_dependent_pairs(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A combined order that forgot its extra warm-up forward would pair one micro-batch's forward and
+    # backward of one chunk on the last rank: steady_pairs says so instead of building the pair.
+    plain_warmup = order.warmup_forwards
+
+    def forgetful(
+        pp: int, vpp: int, microbatches: int, rank: int, combined: bool = False, group: int | None = None
+    ) -> int:
+        return plain_warmup(pp, vpp, microbatches, rank, False, group)
+
+    monkeypatch.setattr(order, "warmup_forwards", forgetful)
+    with pytest.raises(DependentPairError, match="depends on that forward"):
+        steady_pairs(4, 2, 8, 3, combined=True)
+    # The plain order is a forward followed by a backward, not an overlap: its last rank is allowed.
+    assert steady_pairs(4, 2, 8, 3)
