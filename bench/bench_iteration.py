@@ -77,10 +77,11 @@ def plan_module(name: str, overrides: dict[str, int], dp: int, plans: Path | Non
     base = "candidates,overlap-schedule,profile,{partition}"
     try:
         planned = module
-        partition = f"partition{{distributed-optimizer=true dp={dp} time-limit={PARTITION_TIME_LIMIT_S}}}"
+        # dp and the distributed optimizer (on by default) are read off the module header.
+        partition = f"partition{{time-limit={PARTITION_TIME_LIMIT_S}}}"
         PassManager(parse_pipeline(base.format(partition=partition))).run(planned)
     except TesseraError as err:
-        if "memory" not in str(err):
+        if "no partition fits in device memory" not in str(err):
             raise
         note = "does not fit 80 GiB: planned without the memory limit"
         planned = frontend.capture(str(WORKLOADS / f"{name}.json"), overrides=overrides)

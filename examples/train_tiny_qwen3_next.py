@@ -42,6 +42,7 @@ from tiny_qwen3_next import NAME, PARALLEL, TinyConfig, build_model  # noqa: E40
 import runtime  # noqa: E402
 from runtime.errors import PlanError  # noqa: E402
 from runtime.executor import CommunicationError  # noqa: E402
+from runtime.health import write_line  # noqa: E402
 from runtime.local_reference import LocalReference, deterministic_cpu_mode  # noqa: E402
 from runtime.session import TrainingSession, mean_loss  # noqa: E402
 
@@ -231,18 +232,18 @@ def train_distributed(args: argparse.Namespace) -> int:
     except PlanError as err:
         if args.debug:
             raise
-        print(f"[rank {rank}] error: {err}", file=sys.stderr, flush=True)
+        write_line(f"[rank {rank}] error: {err}")
         return 1
     except CommunicationError as err:
         # Another rank's failure usually shows here first; wait for the health watch to name it.
         record = session.health.first_failure(wait_s=10.0) if session is not None and session.health else None
-        print(f"[rank {rank}] error: stopping because another rank failed: {record or err}", file=sys.stderr, flush=True)
+        write_line(f"[rank {rank}] error: stopping because another rank failed: {record or err}")
         return 1
     except Exception as err:
         if args.debug:
             traceback.print_exc()
         record = session.fail(f"{type(err).__name__}: {err}") if session is not None else f"rank {rank}: {err}"
-        print(f"[rank {rank}] error: {record}", file=sys.stderr, flush=True)
+        write_line(f"[rank {rank}] error: {record}")
         return 1
 
 

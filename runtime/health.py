@@ -35,6 +35,23 @@ FAILED_KEY = "failed"
 TERMINATION = (signal.SIGTERM,)
 
 
+def write_line(text: str) -> None:
+    """Write ``text`` and its newline to stderr in one system call.
+
+    The ranks of a job share one pipe or terminal; a line written in pieces (as
+    ``print`` does) can be cut by another rank's line. One write of up to
+    PIPE_BUF bytes to a pipe is never interleaved.
+    """
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # stderr replaced by an object without a descriptor
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+        return
+    sys.stderr.flush()
+    os.write(fd, (text + "\n").encode(errors="replace"))
+
+
 def hold_termination_signals() -> None:
     """Block SIGTERM in this thread and every thread started after, so the watch thread receives it."""
     signal.pthread_sigmask(signal.SIG_BLOCK, TERMINATION)
@@ -69,7 +86,7 @@ class HealthWatch:
         self.store = store
         self.rank, self.world_size = rank, world_size
         self.interval_s, self.stale_s, self.diagnose_s = interval_s, stale_s, diagnose_s
-        self.report = report or (lambda text: print(text, file=sys.stderr, flush=True))
+        self.report = report or write_line
         self.exit_process = exit_process
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
