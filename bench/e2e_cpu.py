@@ -53,7 +53,7 @@ from train_tiny_qwen3_next import make_batch, optimizer  # noqa: E402
 
 import runtime  # noqa: E402
 from runtime.executor import create_groups  # noqa: E402
-from runtime.layout import RankGrid  # noqa: E402
+from runtime.layout import RankGrid, even_stage_layers  # noqa: E402
 from runtime.local_reference import deterministic_cpu_mode  # noqa: E402
 from runtime.moe_binding import MoEBinding, loss_fn, shard_experts  # noqa: E402
 from runtime.session import TrainingSession, plan_bytes  # noqa: E402
@@ -61,20 +61,6 @@ from runtime.stage_module import StageModule  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 MARK_SPEEDUP = 1.1
-
-
-def even_split(layers: list[str], stages: int) -> list[list[str]]:
-    """Decoder layers evenly over the stages (earlier stages take one more), the embedding first, the head last."""
-    decoders = [name for name in layers if name not in ("embed", "head")]
-    per, extra = divmod(len(decoders), stages)
-    out, start = [], 0
-    for s in range(stages):
-        n = per + (1 if s < extra else 0)
-        out.append(decoders[start : start + n])
-        start += n
-    out[0].insert(0, "embed")
-    out[-1].append("head")
-    return out
 
 
 class Baseline:
@@ -87,7 +73,7 @@ class Baseline:
         shard_experts(model, ep_rank, grid.ep)
         binding = MoEBinding(model, ep=grid.ep, ep_rank=ep_rank)
         stages_total = plan.pp * plan.vpp
-        split = even_split(layers, stages_total)
+        split = even_stage_layers(layers, stages_total)
         shape = (plan.micro_batch_size, plan.seq_len, binding.hidden)
         vocab = int(next(binding.lm_head.parameters()).shape[0])
         self.stage_modules: list[StageModule] = []
@@ -254,7 +240,7 @@ def report(args: argparse.Namespace, info: Any, base_s: list[float], tess_s: lis
     print(f"tiny Qwen3-Next, PP={info.pp} VPP={info.vpp} EP={info.ep}, {info.microbatches} micro-batches of "
           f"{info.micro_batch_size}x{args.seq_len} tokens, 4 gloo processes on this CPU, {args.steps} timed steps")
     print(f"  Tessera plan stages: {' | '.join('+'.join(s) for s in layout)}")
-    print(f"  baseline stages:     {' | '.join('+'.join(s) for s in even_split(list(session.executor.layout.layers), len(layout)))}")
+    print(f"  baseline stages:     {' | '.join('+'.join(s) for s in even_stage_layers(list(session.executor.layout.layers), len(layout)))}")
     rows = [("ScheduleInterleaved1F1B (even split)", base_it), ("Tessera (plan, FSM + executor)", tess_it)]
     for name, it in rows:
         print(f"  {name:<38} {it:7.3f} it/s  ({1e3 / it:8.1f} ms/iteration)")

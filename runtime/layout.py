@@ -99,6 +99,22 @@ class StageLayout:
         return cls(pp, vpp, tuple(layers), tuple(tuple(s) for s in stages))
 
 
+def even_stage_layers(layers: Sequence[str], stages: int) -> list[list[str]]:
+    """Decoder layers split evenly by count over ``stages`` (earlier stages take one more),
+    the embedding (``embed``) first and the head (``head``) last: the split a trainer gets
+    without a plan, as Megatron-Core and torch pipelining make it."""
+    decoders = [name for name in layers if name not in ("embed", "head")]
+    per, extra = divmod(len(decoders), stages)
+    out, start = [], 0
+    for s in range(stages):
+        n = per + (1 if s < extra else 0)
+        out.append(decoders[start : start + n])
+        start += n
+    out[0].insert(0, "embed")
+    out[-1].append("head")
+    return out
+
+
 @dataclass(frozen=True)
 class RankGrid:
     """Global ranks laid out as ``pp × ep × dp``: ``rank = (dp_rank * pp + pp_rank) * ep + ep_rank``."""

@@ -35,6 +35,7 @@ from runtime.bytecode import (
     TaskInfo,
     encode,
 )
+from runtime.layout import even_stage_layers
 from tessera_ir.model import Module
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny_qwen3_next.py"
@@ -61,20 +62,6 @@ def captured(pp: int, vpp: int, ep: int, microbatches: int, seq_len: int) -> Mod
     from tessera.api import capture
 
     return capture(str(EXAMPLE), pp=pp, vpp=vpp, ep=ep, microbatches=microbatches, seq_len=seq_len)
-
-
-def even_stages(layers: list[str], stages: int) -> list[list[str]]:
-    """Decoder layers split evenly over the stages, the embedding first and the head last."""
-    decoders = [name for name in layers if name not in ("embed", "head")]
-    per, extra = divmod(len(decoders), stages)
-    out, i = [], 0
-    for s in range(stages):
-        n = per + (1 if s < extra else 0)
-        out.append(decoders[i : i + n])
-        i += n
-    out[0].insert(0, "embed")
-    out[-1].append("head")
-    return out
 
 
 class _Emitter:
@@ -200,7 +187,7 @@ def tiny_plan_image(
             slot_of[i] = len(slots)
             slots.append(SlotInfo(i, 20.0, info.duration_us, 30.0))
     layer_names = [layer.name for layer in module.layers]
-    stage_layers = stages or even_stages(layer_names, pp * vpp)
+    stage_layers = stages or even_stage_layers(layer_names, pp * vpp)
     plan = PlanInfo(pp, vpp, ep, 1, microbatches, 1, seq_len, "fp32", model or "tiny_qwen3_next", "analytic", "cpu", 1 << 40)
     programs = {}
     for rank in range(pp):
