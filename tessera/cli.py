@@ -9,19 +9,24 @@ only after everything succeeded, all together, so a failed run leaves no file.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from passes.manager import PASS_REGISTRY, ModulePass, PassManager, get_pass_class, without_cache
 from passes.scheduling.cache import ScheduleCacheWarning
 from passes.simulation.routing import DEFAULT_ZIPF_S, ROUTING_KINDS, RoutingSpec
+from tessera.compile_cache import CompileCache, CompileCacheWarning, capture_key, pipeline_cacheable, plan_key
 from tessera.driver import EXIT_USER_ERROR, Run, run_tool, tool_parser
 from tessera_ir.errors import TesseraError
 from tessera_ir.model import Module
+from tessera_ir.parser import parse_module
 from tessera_ir.printer import print_module
 
 
@@ -147,7 +152,7 @@ def _compile_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-verify", dest="verify", action="store_false", help="skip the verifier between passes")
     p.add_argument("--timing", action="store_true", help="print how long capture and each pass took")
     p.add_argument("--no-cache", dest="cache", action="store_false",
-                   help="neither read nor write the schedule cache (passes' cache=false)")
+                   help="neither read nor write the compile and schedule caches (passes' cache=false)")
     p.add_argument("--ledger", metavar="RUN.jsonl",
                    help="a training run's prediction ledger: its observed task durations and pair costs replace the "
                         "estimates (measured-durations first, measured-pairs after profile), and the capacity report shows "
@@ -187,24 +192,29 @@ def _routing_spec(args: argparse.Namespace) -> RoutingSpec:
     return RoutingSpec(args.routing, seed=args.routing_seed, zipf_s=args.zipf_s, drift=args.drift, trace=args.routing_trace)
 
 
-def _capacity(args: argparse.Namespace, run: Run, module: Module, spec: RoutingSpec, files: dict[str, str]) -> str | None:
+def _capacity(
+    args: argparse.Namespace, run: Run, module: Callable[[], Module], spec: RoutingSpec, files: dict[str, str]
+) -> str | None:
     """Simulate the plan; give ``run`` the capacity report's files and return its text (None: not printed)."""
-    planned = bool(module.plan_ops("partition"))
+    skipped = args.no_capacity or (args.output == "-" and not files and not args.report)
+    if skipped and not files:
+        return None  # without reading the module, which a cached compile parses only when needed
+    planned = bool(module().plan_ops("partition"))
     if not planned:
         if files:
             raise TesseraError(f"{next(iter(files))} needs a planned module; run the planning pipeline (it ends with partition)")
         return None
-    if args.no_capacity or (args.output == "-" and not files and not args.report):
+    if skipped:
         return None
     from passes.plan_view import PlanView
     from passes.simulation.capacity import plan_capacity
     from passes.simulation.trace import timeline_png, trace_json
 
-    result = plan_capacity(PlanView(module), spec, iterations=args.iterations, record=bool(args.trace or args.timeline))
+    result = plan_capacity(PlanView(module()), spec, iterations=args.iterations, record=bool(args.trace or args.timeline))
     if args.ledger:
         from passes.costs.ledger_file import ledger_fold
 
-        result.report.ledger = ledger_fold(module, args.ledger)
+        result.report.ledger = ledger_fold(module(), args.ledger)
     title = f"{result.report.title} — {spec.describe()}, with DBO"
     if "--report-json" in files:
         run.add(files["--report-json"], result.report.to_json())
@@ -215,10 +225,82 @@ def _capacity(args: argparse.Namespace, run: Run, module: Module, spec: RoutingS
     return None if args.output == "-" else result.report.render()
 
 
+@contextmanager
+def _noted(run: Run, *categories: type[Warning]) -> Iterator[None]:
+    """Say warnings of ``categories`` raised meanwhile as the tool's own one-line warnings."""
+    with warnings.catch_warnings(record=True) as caught:
+        for category in categories:
+            warnings.simplefilter("always", category)
+        yield
+    for warning in caught:
+        if issubclass(warning.category, categories):
+            run.note(f"warning: {warning.message}")
+        else:
+            warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
+
+
+def _captured(
+    args: argparse.Namespace, run: Run, key: str | None, parallel: dict[str, Any], timings: list[tuple[str, float]]
+) -> tuple[Module, list[str]]:
+    """The captured module, from the capture cache when it holds ``key``; and capture's warnings."""
+    from tessera.api import capture
+
+    start = time.perf_counter()
+    cache = CompileCache("captures") if key is not None else None
+    hit = cache.get(key) if cache is not None and key is not None else None
+    if hit is not None:
+        module = parse_module(hit.text, source=f"<captured {args.source}, from the compile cache>")
+        notes = hit.warnings
+        timings.append(("capture (from the compile cache)", time.perf_counter() - start))
+    else:
+        from frontend.errors import CaptureWarning
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", CaptureWarning)
+            module = capture(args.source, layer_kinds=args.layer_kind, **parallel)
+        notes = []
+        for warning in caught:
+            if issubclass(warning.category, CaptureWarning):
+                notes.append(str(warning.message))
+            else:
+                warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
+        timings.append(("capture", time.perf_counter() - start))
+        if cache is not None and key is not None:
+            start = time.perf_counter()
+            cache.put(key, print_module(module), notes)
+            timings.append(("capture cache write", time.perf_counter() - start))
+    for note in notes:
+        run.note(f"warning: {note}")
+    return module, notes
+
+
+def _parsed_later(
+    text: str | None, source: str, timings: list[tuple[str, float]], module: Module | None = None
+) -> Callable[[], Module]:
+    """The planned module: ``module``, or ``text`` parsed the first time something needs it."""
+    parsed: list[Module] = [] if module is None else [module]
+
+    def get() -> Module:
+        if not parsed:
+            assert text is not None
+            start = time.perf_counter()
+            was_enabled = gc.isenabled()
+            gc.disable()  # an acyclic tree of a million objects: the collector finds nothing (Run.parse_ir)
+            try:
+                parsed.append(parse_module(text, source=f"<planned {source}, from the compile cache>"))
+            finally:
+                if was_enabled:
+                    gc.enable()
+            timings.append(("parse the cached plan", time.perf_counter() - start))
+        return parsed[0]
+
+    return get
+
+
 def _compile(args: argparse.Namespace, run: Run) -> int:
-    from frontend.errors import CaptureWarning
+    # Nothing here imports torch or transformers: a compile served from the cache never does.
     from passes.manager import parse_pipeline
-    from tessera.api import DEFAULT_PIPELINE, capture, resolve_hardware, run_passes, with_ledger
+    from tessera.api import DEFAULT_PIPELINE, resolve_hardware, run_passes, with_ledger
     from tessera_ir.summary import summarize
     from tessera_ir.verifier import verify
 
@@ -251,53 +333,56 @@ def _compile(args: argparse.Namespace, run: Run) -> int:
         value = getattr(args, flag.lstrip("-").replace("-", "_"))
         if typ is int and value is not None and value < 1:
             raise TesseraError(f"{flag} must be a positive integer, got {value}")
-    resolve_hardware(args.hardware)  # so does a bad --hardware; cpu is calibrated here if it never was
+    hardware = resolve_hardware(args.hardware)  # so does a bad --hardware; cpu is calibrated here if it never was
 
-    start = time.perf_counter()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", CaptureWarning)
-        module = capture(args.source, layer_kinds=args.layer_kind, **parallel)
-    for warning in caught:
-        if issubclass(warning.category, CaptureWarning):
-            run.note(f"warning: {warning.message}")
+    timings: list[tuple[str, float]] = []
+    manager: PassManager | None = None
+    with _noted(run, CompileCacheWarning, ScheduleCacheWarning):
+        key = capture_key(args.source, parallel, args.layer_kind) if args.cache else None
+        plans = CompileCache("plans") if key is not None and passes and not dump and pipeline_cacheable(passes) else None
+        plan = plan_key(key, args.hardware, hardware, passes, args.verify) if plans is not None and key else ""
+        start = time.perf_counter()
+        hit = plans.get(plan) if plans is not None else None
+        if hit is not None:
+            timings.append(("compile cache hit (read the planned IR)", time.perf_counter() - start))
+            for note in hit.warnings:
+                run.note(f"warning: {note}")
+            text: str | None = hit.text
+            module = _parsed_later(hit.text, args.source, timings)
         else:
-            warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
-    module.attrs["hardware"] = args.hardware  # the target every pass, the report and viz read
-    capture_s = time.perf_counter() - start
-    start = time.perf_counter()
-    if args.verify:
-        verify(module)
-    verify_s = time.perf_counter() - start
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ScheduleCacheWarning)
-        manager = run_passes(module, passes, verify=args.verify, dump_after=dump)
-    for warning in caught:
-        if issubclass(warning.category, ScheduleCacheWarning):
-            run.note(f"warning: {warning.message}")
-        else:
-            warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
+            captured, capture_notes = _captured(args, run, key, parallel, timings)
+            captured.attrs["hardware"] = args.hardware  # the target every pass, the report and viz read
+            start = time.perf_counter()
+            if args.verify:
+                verify(captured)
+            timings.append(("verify input", time.perf_counter() - start))
+            manager = run_passes(captured, passes, verify=args.verify, dump_after=dump)
+            text = print_module(captured) if (output and emit == "ir") or plans is not None else None
+            if plans is not None and text is not None:
+                plans.put(plan, text, capture_notes)
+            module = _parsed_later(None, args.source, timings, captured)
 
     # Render everything before writing anything, so a failure leaves no output at all.
     if output:
-        run.add(output, _render_plan(module, emit))
+        run.add(output, text if emit == "ir" and text is not None else _render_plan(module(), emit))
     if summary:
-        run.add(summary, json.dumps(summarize(module), indent=2) + "\n")
+        run.add(summary, json.dumps(summarize(module()), indent=2) + "\n")
     if partition:
         from passes.partition import partition_to_json
 
-        run.add(partition, json.dumps(partition_to_json(module), indent=2) + "\n")
+        run.add(partition, json.dumps(partition_to_json(module()), indent=2) + "\n")
     report_text = None
     if args.report:
         from tessera.report import render_report
 
-        report_text = render_report(module)
+        report_text = render_report(module())
     capacity_text = _capacity(args, run, module, routing, capacity_files)
     run.commit()
     printed = [text for text in (report_text, capacity_text) if text is not None]
     if printed:
         print("\n\n".join(printed))
     if args.timing:
-        _print_timing(manager.timings, [("capture", capture_s), ("verify input", verify_s)])
+        _print_timing(manager.timings if manager is not None else [], timings)
     return 0
 
 

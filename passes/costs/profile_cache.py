@@ -47,6 +47,27 @@ def resolve_cache_dir(option: str | None) -> Path:
     return Path(option).expanduser() if option else default_cache_dir()
 
 
+def trim_least_recent(folder: Path, pattern: str, max_bytes: int) -> int:
+    """Remove the least recently used files of ``folder`` matching ``pattern`` (by modification
+    time, which a cache hit refreshes) until they total at most ``max_bytes``; how many went."""
+    try:
+        files = [(p.stat(), p) for p in folder.glob(pattern)]
+    except OSError:
+        return 0
+    total = sum(st.st_size for st, _ in files)
+    removed = 0
+    for st, p in sorted(files, key=lambda f: (f[0].st_mtime, f[1].name)):
+        if total <= max_bytes:
+            break
+        try:
+            p.unlink()
+        except OSError:
+            continue
+        total -= st.st_size
+        removed += 1
+    return removed
+
+
 @functools.cache
 def tessera_version() -> str:
     from importlib import metadata

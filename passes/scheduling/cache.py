@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from passes.costs.profile_cache import resolve_cache_dir, tessera_version
+from passes.costs.profile_cache import resolve_cache_dir, tessera_version, trim_least_recent
 from passes.scheduling.pair_dag import PairDAG
 from passes.scheduling.schedule import PairSchedule
 
@@ -198,19 +198,4 @@ class ScheduleCache:
 
     def trim(self) -> int:
         """Remove the least recently used entries until the cache fits ``max_bytes``; how many went."""
-        try:
-            files = [(p.stat(), p) for p in self.dir.glob("*.json")]
-        except OSError:
-            return 0
-        total = sum(st.st_size for st, _ in files)
-        removed = 0
-        for st, p in sorted(files, key=lambda f: (f[0].st_mtime, f[1].name)):
-            if total <= self.max_bytes:
-                break
-            try:
-                p.unlink()
-            except OSError:
-                continue
-            total -= st.st_size
-            removed += 1
-        return removed
+        return trim_least_recent(self.dir, "*.json", self.max_bytes)

@@ -1,0 +1,247 @@
+"""On-disk caches of whole compiles: the captured IR of a model, and the planned IR of a pipeline.
+
+Two layers, beside the schedule and profile caches (same folder, same rules: an entry names
+its key, is written to a temporary file and renamed into place, and one that cannot be read,
+names another key or fails its checksum is ignored with a :class:`CompileCacheWarning`):
+
+- ``captures/<key>.tir``: the IR ``capture`` makes of a model source, keyed by what capture
+  reads: for ``hf:<model_type>`` the type (its default config comes from the installed
+  transformers); for a config file its bytes; the parallel settings and layer kinds given;
+  the versions of torch and transformers (read from the installed packages' metadata, so
+  neither is imported to make the key); and the digest of Tessera's own sources
+  (:func:`source_digest`, the shipped workload settings included). A ``model.py`` is never
+  cached: it may import other files, read data or depend on anything in its environment,
+  so its own bytes are not a complete key. The warnings capture gave are kept with the IR
+  and given again on a hit.
+- ``plans/<key>.tir``: the IR after the whole pass pipeline, keyed by the capture key, the
+  target hardware (its name and every field of its description, so an edited hardware file
+  or a new CPU calibration misses), every pass with every option (its spelling), whether the
+  verifier ran between passes, the versions of the solvers the passes use, and the source
+  digest. Only pipelines whose passes are pure functions of the IR and those inputs are
+  cached (:func:`pipeline_cacheable`): a pass that reads a training run's ledger, pairs
+  measured on this machine, or a wall-clock limited MILP schedule is always run.
+
+A hit replaces capture and the passes: the output is the cached text, byte for byte what the
+passes printed when the entry was made (they verified it then), and the module is parsed from
+it only when something else needs it (a report, a summary, bytecode). The checksum makes a
+damaged entry a miss, never a wrong plan. Both folders are capped (``max_bytes``): after a
+write, least recently used entries go first (a hit refreshes an entry's modification time).
+``tessera-compile --no-cache`` reads and writes neither.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import socket
+import tempfile
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from passes.costs.profile_cache import resolve_cache_dir, tessera_version, trim_least_recent
+from passes.manager import ModulePass
+
+CACHE_FORMAT = 1
+DEFAULT_MAX_BYTES = 1024 * 2**20
+_HEADER = "// tessera-cache "
+
+# Tessera's packages: every file that can change what a compile produces.
+_PACKAGES = ("frontend", "tessera_ir", "passes", "codegen", "runtime", "tessera")
+_SOURCE_SUFFIXES = (".py", ".pyi", ".lark", ".json", ".cpp", ".h")
+# Third-party packages whose answers enter the IR (the model's config and modules, the
+# solvers); missing ones are recorded as absent.
+_CAPTURE_PACKAGES = ("torch", "transformers")
+_PASS_PACKAGES = ("z3-solver", "pulp", "highspy", "ortools", "numpy")
+
+
+class CompileCacheWarning(UserWarning):
+    """A compile cache entry that was ignored (damaged, foreign) or a cache that cannot be written."""
+
+
+@functools.cache
+def source_digest() -> str:
+    """SHA-256 of every source file of Tessera's packages (path and bytes, in path order)."""
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for package in _PACKAGES:
+        for folder, dirs, files in os.walk(root / package):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            for name in sorted(files):
+                if name.endswith(_SOURCE_SUFFIXES):
+                    path = Path(folder) / name
+                    digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def package_versions(names: Iterable[str]) -> dict[str, str | None]:
+    """Installed versions from the packages' metadata (nothing is imported)."""
+    out: dict[str, str | None] = {}
+    for name in names:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def _digest(blob: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(blob, sort_keys=True, separators=(",", ":"), default=repr).encode()).hexdigest()
+
+
+def capture_key(source: object, overrides: dict[str, Any], layer_kinds: Sequence[str]) -> str | None:
+    """The key of capturing ``source`` with these settings, or None when it is not cacheable
+    (a model.py, an ``nn.Module``, a config file that cannot be read: capture reports that)."""
+    if not isinstance(source, (str, os.PathLike)):
+        return None
+    text = os.fspath(source)
+    what: dict[str, Any]
+    if text.startswith("hf:"):
+        what = {"hf": text[3:]}
+    else:
+        path = Path(text)
+        if path.suffix == ".py":
+            return None
+        file = path / "config.json" if path.is_dir() else path
+        try:
+            what = {"config": hashlib.sha256(file.read_bytes()).hexdigest()}
+        except OSError:
+            return None
+    return _digest(
+        {
+            "format": CACHE_FORMAT,
+            "tessera": tessera_version(),
+            "sources": source_digest(),
+            "versions": package_versions(_CAPTURE_PACKAGES),
+            "source": what,
+            "parallel": {k: v for k, v in sorted(overrides.items()) if v is not None},
+            "layer_kinds": list(layer_kinds),
+        }
+    )
+
+
+def pipeline_cacheable(passes: Sequence[ModulePass]) -> bool:
+    """Whether the pipeline's result is a pure function of its input IR, the options, the
+    hardware and the sources (see the module docstring)."""
+    for p in passes:
+        options = {name: getattr(p, name, None) for name in ("mode", "method", "solver", "ledger")}
+        if p.name in ("measured-durations", "measured-pairs") or options["ledger"] is not None:
+            return False  # a training run's measurements
+        if p.name == "profile" and options["mode"] != "analytic":
+            return False  # pairs measured on this machine, or whatever its measurement cache holds
+        if p.name == "overlap-schedule" and options["method"] == "exact" and options["solver"] != "cpsat":
+            return False  # a wall-clock limited MILP
+    return True
+
+
+def plan_key(capture: str, hardware: str, hardware_fields: object, passes: Sequence[ModulePass], verify: bool) -> str:
+    return _digest(
+        {
+            "format": CACHE_FORMAT,
+            "capture": capture,
+            "sources": source_digest(),
+            "versions": package_versions(_PASS_PACKAGES),
+            "hardware": [hardware, repr(hardware_fields)],
+            "passes": [p.spelling() for p in passes],
+            "verify": verify,
+        }
+    )
+
+
+@dataclass
+class CachedIR:
+    """A cached module's text and the warnings that making it gave."""
+
+    text: str
+    warnings: list[str]
+
+
+class CompileCache:
+    """One of the two layers (``kind``: ``captures`` or ``plans``) in the cache folder."""
+
+    def __init__(self, kind: str, root: Path | str | None = None, max_bytes: int = DEFAULT_MAX_BYTES):
+        self.dir = resolve_cache_dir(None if root is None else str(root)) / kind
+        self.max_bytes = max_bytes
+
+    def path(self, key: str) -> Path:
+        return self.dir / f"{key}.tir"
+
+    def get(self, key: str) -> CachedIR | None:
+        """The entry under ``key``, or None (missing, or ignored with a warning)."""
+        path = self.path(key)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            self._ignore(path, f"cannot be read ({err.strerror})")
+            return None
+        head, _, body = data.partition(b"\n")
+        try:
+            if not head.startswith(_HEADER.encode()):
+                raise ValueError("no cache header")
+            meta = json.loads(head[len(_HEADER):])
+            if not isinstance(meta, dict):
+                raise ValueError("the header is not an object")
+            if meta.get("format") != CACHE_FORMAT or meta.get("key") != key:
+                self._ignore(path, "belongs to another key or cache format")
+                return None
+            if meta.get("sha256") != hashlib.sha256(body).hexdigest():
+                self._ignore(path, "does not match its checksum")
+                return None
+            notes = meta.get("warnings", [])
+            if not (isinstance(notes, list) and all(isinstance(n, str) for n in notes)):
+                raise ValueError("'warnings' is not a list of strings")
+            text = body.decode()
+        except (ValueError, UnicodeDecodeError) as err:
+            self._ignore(path, f"is damaged ({err})")
+            return None
+        try:
+            os.utime(path)  # recently used: the size cap removes it last
+        except OSError:
+            pass
+        return CachedIR(text, notes)
+
+    def _ignore(self, path: Path, why: str) -> None:
+        warnings.warn(f"compile cache entry {path} {why}; ignoring it and compiling again", CompileCacheWarning, stacklevel=3)
+
+    def put(self, key: str, text: str, notes: Sequence[str] = ()) -> None:
+        body = text.encode()
+        meta = {
+            "format": CACHE_FORMAT,
+            "key": key,
+            "sha256": hashlib.sha256(body).hexdigest(),
+            "bytes": len(body),
+            "warnings": list(notes),
+            "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "host": socket.gethostname(),
+        }
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=self.dir)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(_HEADER.encode() + json.dumps(meta, separators=(",", ":")).encode() + b"\n" + body)
+                os.replace(tmp, self.path(key))
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        except OSError as err:
+            warnings.warn(
+                f"cannot write the compile cache in {self.dir}: {err}; compiles are not cached (pick a writable folder "
+                "with TESSERA_CACHE_DIR, or turn the cache off with --no-cache)",
+                CompileCacheWarning,
+                stacklevel=2,
+            )
+            return
+        self.trim()
+
+    def trim(self) -> int:
+        """Remove the least recently used entries until the folder fits ``max_bytes``; how many went."""
+        return trim_least_recent(self.dir, "*.tir", self.max_bytes)
