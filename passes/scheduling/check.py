@@ -16,9 +16,10 @@ someone edited), it must satisfy, for the pair DAG it claims to schedule:
 rational comparisons where floats are too close to call, so it accepts exactly what z3
 accepts) and, with ``prove``, then has z3 prove them independently.
 
-The z3 proof: each fact is a named assertion (``(assert (! formula :named c_k))``) tied to
-the constraint and its tasks, so when the schedule is wrong the unsat core
-names exactly what broke. Start times and durations are named real constants
+The z3 proof: the facts are asserted and z3 decides them; when it answers unsat (the
+schedule is wrong), the same facts are asserted again, each as a named assertion
+(``(assert (! formula :named c_k))``) tied to the constraint and its tasks, so that the
+unsat core names exactly what broke. Start times and durations are named real constants
 (``define-fun``) with the schedule's values, so only constraints appear in the
 core. Values are exact rationals (the floats' binary values). The two
 facts that are plain booleans before z3 sees them (a task's entry count is 1,
@@ -143,25 +144,43 @@ def check_schedule(dag: PairDAG, entries: Sequence[ScheduleEntry], where: str = 
     _prove(dag, entry_of, count, prefix, fix)
 
 
-def _prove(dag: PairDAG, entry_of: dict[int, ScheduleEntry], count: list[int], prefix: str, fix: str) -> None:
-    """The z3 proof of the conditions (see the module docstring); raises on the first unsat core."""
-    import z3
+@dataclass
+class ProofScript:
+    """The z3 proof of one schedule as SMT-LIB2 text: definitions (the tolerance, each task's
+    start and duration as named real constants) and the constraints, each under a label that
+    ``labels`` maps back to the constraint's name and its tasks."""
 
-    # The whole check is written as one SMT-LIB2 script and parsed by z3 in C++:
-    # building each term through z3's Python API costs tens of microseconds, the
-    # text costs a fraction of that. Every constraint is a named assertion
-    # ``(assert (! formula :named c_k))``, so the unsat core names it; ``labels``
-    # maps ``c_k`` back to the constraint and its tasks.
-    labels: dict[str, tuple[str, list[str]]] = {}
-    lines = ["(set-option :produce-unsat-cores true)"]
+    definitions: list[str]
+    asserted: list[tuple[str, str]]  # (label, formula)
+    labels: dict[str, tuple[str, list[str]]]
+
+    def plain(self) -> str:
+        """Every constraint asserted as it is: what decides sat or unsat."""
+        return "\n".join(self.definitions + [f"(assert {formula})" for _, formula in self.asserted])
+
+    def named(self) -> str:
+        """The same constraints, each a named assertion, so that an unsat core names them."""
+        named = [f"(assert (! {formula} :named {label}))" for label, formula in self.asserted]
+        return "\n".join(["(set-option :produce-unsat-cores true)"] + self.definitions + named)
+
+
+def proof_script(dag: PairDAG, entry_of: dict[int, ScheduleEntry], count: list[int]) -> ProofScript:
+    """The conditions of the module docstring for the entries ``entry_of`` (by task index; ``count``:
+    how many entries each task has) as one SMT-LIB2 script.
+
+    Written as text with plain string formatting and parsed by z3 in C++: building each term
+    through z3's Python API costs tens of microseconds, the text a fraction of that.
+    """
+    script = ProofScript([], [], {})
 
     def track(constraint: str, tasks: list[str], formula: str) -> None:
         if formula == "true":
             return  # holds by itself (a count of 1, a matching stream): nothing to prove
-        label = f"c_{len(labels)}"
-        labels[label] = (constraint, tasks)
-        lines.append(f"(assert (! {formula} :named {label}))")
+        label = f"c_{len(script.labels)}"
+        script.labels[label] = (constraint, tasks)
+        script.asserted.append((label, formula))
 
+    lines = script.definitions
     lines.append(f"(define-fun tol () Real {_real(TOLERANCE_US)})")
     tol = "tol"
     present = [False] * len(dag.tasks)
@@ -199,15 +218,33 @@ def _prove(dag: PairDAG, entry_of: dict[int, ScheduleEntry], count: list[int], p
         for a, b in zip(order, order[1:]):
             track("exclusive", [dag.tasks[a].name, dag.tasks[b].name], f"(>= s{b} (- (+ s{a} d{a}) {tol}))")
 
-    solver = z3.Solver()
-    solver.set(unsat_core=True)
-    solver.from_string("\n".join(lines))
+    return script
+
+
+def _prove(dag: PairDAG, entry_of: dict[int, ScheduleEntry], count: list[int], prefix: str, fix: str) -> None:
+    """The z3 proof of the conditions (see the module docstring); raises on the first unsat core."""
+    import z3
+
+    script = proof_script(dag, entry_of, count)
+    # A valid schedule (the usual case) is decided without unsat-core tracking, which
+    # costs z3 time; only an unsat answer is decided again with every assertion named,
+    # to find the constraints in the core. Both runs assert the same formulas. The plain
+    # incremental solver (``SimpleSolver``) skips the tactic front end of ``z3.Solver``,
+    # which does nothing for a ground linear problem but costs time
+    # (bench/bench_schedule_proof.py measures both).
+    solver = z3.SimpleSolver()
+    solver.from_string(script.plain())
     result = solver.check()
     if result == z3.sat:
         return
-    core = [str(c) for c in solver.unsat_core()]
+    solver = z3.SimpleSolver()
+    solver.set(unsat_core=True)
+    solver.from_string(script.named())
+    result = solver.check()
+    core = [str(c) for c in solver.unsat_core()] if result == z3.unsat else []
     if not core:  # cannot happen with tracked assertions, but never report an empty reason
         raise ScheduleError(f"{prefix}z3 found the schedule of pair '{dag.name}' inconsistent ({result}); {fix}")
+    labels = script.labels
     violated = sorted((labels[c] for c in core), key=lambda x: (x[0], x[1]))
     constraint, tasks = violated[0]
     detail = _explain(dag, entry_of, count, constraint, tasks)
