@@ -62,14 +62,7 @@ def distinct_dags(source: str, ep: int, seq_len: int, pp: int, vpp: int, bottlen
             worst.setdefault((view.side_id(fwd), view.side_id(bwd)), join_sides(fwd, bwd, top.name))
         return list(worst.values())
     run_passes(module, "candidates", verify=False)
-    view = PlanView(module)
-    groups: dict[tuple[int, int], PairDAG] = {}
-    for op in module.plan_ops("pair"):
-        fwd, bwd = view.pair_sides(view.pair(op.name))
-        key = (view.side_id(fwd), view.side_id(bwd))
-        if key not in groups:
-            groups[key] = join_sides(fwd, bwd, op.name)
-    return list(groups.values())
+    return PlanView(module).distinct_pair_dags()
 
 
 def pct(x: float) -> str:

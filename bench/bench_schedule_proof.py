@@ -35,7 +35,7 @@ import z3  # noqa: E402
 from passes.plan_view import PlanView  # noqa: E402
 from passes.scheduling.check import entries_of, proof_script  # noqa: E402
 from passes.scheduling.gap_fit import gap_fit  # noqa: E402
-from passes.scheduling.pair_dag import PairDAG, join_sides  # noqa: E402
+from passes.scheduling.pair_dag import PairDAG  # noqa: E402
 from tessera.api import capture, run_passes  # noqa: E402
 
 
@@ -44,14 +44,7 @@ def distinct_dags(args: argparse.Namespace) -> list[PairDAG]:
     module = capture(args.source, **parallel)
     module.attrs["hardware"] = args.hardware
     run_passes(module, "candidates")
-    view = PlanView(module)
-    groups: dict[tuple[int, int], PairDAG] = {}
-    for op in module.plan_ops("pair"):
-        fwd, bwd = view.pair_sides(view.pair(op.name))
-        key = (view.side_id(fwd), view.side_id(bwd))
-        if key not in groups:
-            groups[key] = join_sides(fwd, bwd, op.name)
-    return list(groups.values())
+    return PlanView(module).distinct_pair_dags()
 
 
 def decide(make: Callable[[], z3.Solver], text: str, named: bool) -> tuple[float, float, bool]:

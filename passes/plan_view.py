@@ -438,6 +438,17 @@ class PlanView:
         tasks = self.tasks
         return [ScheduledTask(tasks[t.name], t.resource.value, order[i], deps[i]) for i, t in enumerate(dag.tasks)]
 
+    def distinct_pair_dags(self) -> list[PairDAG]:
+        """One DAG per distinct (forward side, backward side) of the module's pair ops, built
+        for the first pair of each, in pair order: the DAGs overlap-schedule schedules."""
+        groups: dict[tuple[int, int], PairDAG] = {}
+        for op in self.module.plan_ops("pair"):
+            fwd, bwd = self.pair_sides(self.pair(op.name))
+            key = (self.side_id(fwd), self.side_id(bwd))
+            if key not in groups:
+                groups[key] = join_sides(fwd, bwd, op.name)
+        return list(groups.values())
+
     def chunk_schedule(self, fwd_layers: Sequence[Layer], bwd_layers: Sequence[Layer]) -> tuple[list[ScheduledTask], str]:
         """The forward of ``fwd_layers`` beside the backward of ``bwd_layers`` in a stream order, and
         where the order came from (``@sched.N``, or ``gap-fit``). Either side may be empty: a chunk's
