@@ -305,6 +305,7 @@ class PassTiming:
     seconds: float
     modified: bool
     parts: list[tuple[str, float]] = field(default_factory=list)  # what the pass timed inside itself
+    verify_seconds: float = 0.0  # the verifier's run on the pass's result
 
 
 _TIMING_PARTS: ContextVar[list[tuple[str, float]] | None] = ContextVar("tessera_pass_timing_parts", default=None)
@@ -373,10 +374,12 @@ class PassManager:
             seconds = time.perf_counter() - start
             self.timings.append(PassTiming(p.name, seconds, bool(modified), parts))
             if self.verify_each and modified:
+                start = time.perf_counter()
                 try:
                     verify(module)
                 except TesseraError as err:
                     raise PassError(self._context(p, ran) + "left an invalid module: " + str(err)) from err
+                self.timings[-1].verify_seconds = time.perf_counter() - start
             ran.append(p.spelling())
             if self.dump_after is not None:
                 self.dump_after(p, module)

@@ -109,8 +109,14 @@ def _dump_callback(run: Run, spec: str | None, dump_dir: str | None) -> Callable
     return dump
 
 
-def _print_timing(manager_timings: list, extra: list[tuple[str, float]]) -> None:
+def _print_timing(manager_timings: list, extra: list[tuple[str, float]], after: Sequence[tuple[str, float]] = ()) -> None:
+    """Capture (or the cache) and the rest of ``extra``, each pass with what it timed inside
+    itself, the verifier's runs between passes, then ``after`` (printing and writing)."""
     rows = extra + [(f"pass {t.name}", t.seconds) for t in manager_timings]
+    verified = sum(t.verify_seconds for t in manager_timings)
+    if verified:
+        rows.append(("verify after each pass", verified))
+    rows += list(after)
     parts = {f"pass {t.name}": t.parts for t in manager_timings}
     total = sum(s for _, s in rows)
     print("===-------------------------------------------===", file=sys.stderr)
@@ -336,6 +342,7 @@ def _compile(args: argparse.Namespace, run: Run) -> int:
     hardware = resolve_hardware(args.hardware)  # so does a bad --hardware; cpu is calibrated here if it never was
 
     timings: list[tuple[str, float]] = []
+    after: list[tuple[str, float]] = []  # printing and writing, after the passes
     manager: PassManager | None = None
     with _noted(run, CompileCacheWarning, ScheduleCacheWarning):
         key = capture_key(args.source, parallel, args.layer_kind) if args.cache else None
@@ -357,12 +364,17 @@ def _compile(args: argparse.Namespace, run: Run) -> int:
                 verify(captured)
             timings.append(("verify input", time.perf_counter() - start))
             manager = run_passes(captured, passes, verify=args.verify, dump_after=dump)
+            start = time.perf_counter()
             text = print_module(captured) if (output and emit == "ir") or plans is not None else None
+            after.append(("print the IR", time.perf_counter() - start))
             if plans is not None and text is not None:
+                start = time.perf_counter()
                 plans.put(plan, text, capture_notes)
+                after.append(("compile cache write", time.perf_counter() - start))
             module = _parsed_later(None, args.source, timings, captured)
 
     # Render everything before writing anything, so a failure leaves no output at all.
+    start = time.perf_counter()
     if output:
         run.add(output, text if emit == "ir" and text is not None else _render_plan(module(), emit))
     if summary:
@@ -381,8 +393,9 @@ def _compile(args: argparse.Namespace, run: Run) -> int:
     printed = [text for text in (report_text, capacity_text) if text is not None]
     if printed:
         print("\n\n".join(printed))
+    after.append(("other outputs, reports, writing", time.perf_counter() - start))
     if args.timing:
-        _print_timing(manager.timings if manager is not None else [], timings)
+        _print_timing(manager.timings if manager is not None else [], timings, after)
     return 0
 
 
