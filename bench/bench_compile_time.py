@@ -1,24 +1,27 @@
-"""Compile time with and without the schedule cache, side by side in one run.
+"""Compile time without and with the caches, side by side in one run, and the trillion-scale line.
 
 Three compiles of the same model and setting (``tessera-compile ... --timing --no-capacity``,
-each a fresh process):
+each a fresh process, as a user runs it):
 
-- ``baseline``: every schedule computed and z3-proven, no cache (``overlap-schedule{verify=true,
-  cache=false}``: what every compile did before the cache);
-- ``cold``: the default pipeline with an empty cache folder (schedules computed, each distinct
-  DAG proven once, then cached);
-- ``warm``: the same command again (every schedule from the cache).
+- ``baseline``: no cache at all and z3 on every schedule (``--no-cache`` and
+  ``overlap-schedule{verify=true}``: what every compile did before the caches);
+- ``cold``: the default pipeline with an empty cache folder (captured, every schedule
+  computed, each distinct DAG proven once; the capture, the schedules and the plan cached);
+- ``warm``: the same command again (the planned IR from the compile cache).
 
-Printed per run: wall time of the whole command, capture, the passes, overlap-schedule and
-profile (from ``--timing``); the ratios to the baseline; and whether the three IR files are
-byte-identical (they must be). Marks (issue 11): Qwen3-Next-80B (``make demo``'s compile) under
-10 s cold and 3 s warm; the trillion-scale synthetic model at its suggested setting
-(``frontend/workloads/parallel.json``: TP2 PP16 VPP2 EP64, 256 micro-batches) through partition
-under 30 s cold.
+Printed per run: wall time of the whole command, then every row of ``--timing`` (capture,
+the passes and their inner phases, the verifier between passes, printing and writing) and
+what is left of the wall time (interpreter start and imports); the ratios to the baseline;
+and whether the three IR files are byte-identical (they must be). Then the trillion-scale
+synthetic model at its suggested setting (``frontend/workloads/parallel.json``) through
+``partition``, cold and warm (``--large-source``, ``--large-*`` flags; ``--no-large`` skips it).
 
-    .venv/bin/python bench/bench_compile_time.py                       # make demo's compile
-    .venv/bin/python bench/bench_compile_time.py --source frontend/workloads/qwen3_next_1t_synthetic.json \\
-        --tp 2 --pp 16 --vpp 2 --ep 64 --microbatches 256 --through partition
+Marks: ``make demo``'s compile (Qwen3-Next-80B through dbo-slots) under 10 s cold and 3 s
+warm; the trillion-scale model through partition under 30 s cold.
+
+    .venv/bin/python bench/bench_compile_time.py                       # both lines
+    .venv/bin/python bench/bench_compile_time.py --ep 8 --seq-len 8192 --hardware h200 --no-large
+    .venv/bin/python bench/bench_compile_time.py --large-pp 8 --large-vpp 4 --large-ep 32
 """
 
 from __future__ import annotations
@@ -37,18 +40,22 @@ ROOT = Path(__file__).resolve().parents[1]
 COMPILE = ROOT / ".venv" / "bin" / "tessera-compile"
 PIPELINE = ["candidates", "overlap-schedule", "profile", "partition", "dbo-slots"]
 LINE = re.compile(r"^\s*([0-9.]+) s\s+(?:\(\s*[0-9.]+%\))?\s*(.+?)\s*$")
+AXES = ("pp", "vpp", "ep", "tp", "seq_len", "microbatches")
+COLD_MARK_S, WARM_MARK_S, LARGE_MARK_S = 10.0, 3.0, 30.0
 
 
 def pipeline(through: str, baseline: bool) -> str:
     names = PIPELINE[: PIPELINE.index(through) + 1]
-    return ",".join("overlap-schedule{verify=true,cache=false}" if baseline and n == "overlap-schedule" else n for n in names)
+    return ",".join("overlap-schedule{verify=true}" if baseline and n == "overlap-schedule" else n for n in names)
 
 
-def run(label: str, args: argparse.Namespace, cache: Path, out: Path, baseline: bool) -> dict[str, float]:
-    cmd = [str(COMPILE), args.source, "--emit", "ir", "-o", str(out), "--timing", "--no-capacity"]
-    cmd += ["--passes", pipeline(args.through, baseline)]
-    for flag in ("pp", "vpp", "ep", "tp", "seq_len", "microbatches"):
-        value = getattr(args, flag)
+def run(
+    label: str, source: str, axes: dict[str, int | None], hardware: str, through: str, cache: Path, out: Path,
+    baseline: bool,
+) -> dict[str, float]:
+    cmd = [str(COMPILE), source, "--emit", "ir", "-o", str(out), "--timing", "--no-capacity", "--hardware", hardware]
+    cmd += ["--passes", pipeline(through, baseline)] + (["--no-cache"] if baseline else [])
+    for flag, value in axes.items():
         if value is not None:
             cmd += [f"--{flag.replace('_', '-')}", str(value)]
     env = {**os.environ, "TESSERA_CACHE_DIR": str(cache)}
@@ -63,36 +70,72 @@ def run(label: str, args: argparse.Namespace, cache: Path, out: Path, baseline: 
         if m:
             times.setdefault(m.group(2), float(m.group(1)))
     times["passes"] = sum(v for k, v in times.items() if k.startswith("pass "))
+    times["outside --timing (start, imports)"] = wall - times.get("total", 0.0)
     return times
+
+
+def compare(source: str, axes: dict[str, int | None], hardware: str, through: str, runs: list[str]) -> dict[str, dict[str, float]]:
+    """``runs`` of one compile (baseline, cold, warm: see the module docstring); the table, and
+    whether every run's IR is byte-identical."""
+    with tempfile.TemporaryDirectory(prefix="tessera-bench-cache-") as tmp:
+        folder = Path(tmp)
+        results: dict[str, dict[str, float]] = {}
+        outs: dict[str, Path] = {}
+        for label in runs:
+            outs[label] = folder / f"{label}.tir"
+            cache = folder / ("baseline-cache" if label == "baseline" else "cache")
+            results[label] = run(label, source, axes, hardware, through, cache, outs[label], label == "baseline")
+        identical = all(filecmp.cmp(outs[runs[0]], outs[k], shallow=False) for k in runs[1:])
+    first = results[runs[0]]
+    rows = ["wall", "passes"] + [k for r in results.values() for k in r if k not in ("wall", "passes", "total")]
+    rows = list(dict.fromkeys(rows))
+    setting = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in axes.items() if v is not None)
+    print(f"\n{source} through {through} on {hardware} {setting}".rstrip())
+    print(f"{'seconds':42s}" + "".join(f"{k:>10s}" for k in results) + "".join(f"{k + '/' + runs[0]:>15s}" for k in runs[1:]))
+    for row in rows:
+        values = [results[k].get(row) for k in results]
+        base = first.get(row)
+        cells = "".join(f"{v:10.2f}" if v is not None else f"{'-':>10s}" for v in values)
+        ratios = "".join(
+            f"{v / base:15.3f}" if v is not None and base else f"{'-':>15s}" for v in values[1:]
+        )
+        print(f"{row[:42]:42s}{cells}{ratios}")
+    print(f"IR byte-identical across the runs: {'yes' if identical else 'NO'}")
+    results["identical"] = {"yes": float(identical)}
+    return results
+
+
+def verdict(what: str, seconds: float, mark: float) -> str:
+    return f"  {what}: {seconds:.1f} s (mark under {mark:.0f} s: {'met' if seconds < mark else 'NOT met'})"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--source", default="hf:qwen3_next")
     p.add_argument("--through", default="dbo-slots", choices=PIPELINE, help="last pass of the pipeline")
-    for flag in ("--pp", "--vpp", "--ep", "--tp", "--seq-len", "--microbatches"):
-        p.add_argument(flag, type=int, default=None)
+    p.add_argument("--hardware", default="h100")
+    for flag in AXES:
+        p.add_argument(f"--{flag.replace('_', '-')}", type=int, default=None)
+    p.add_argument("--large-source", default="frontend/workloads/qwen3_next_1t_synthetic.json")
+    p.add_argument("--large-through", default="partition", choices=PIPELINE)
+    p.add_argument("--large-hardware", default="h100")
+    for flag in AXES:
+        p.add_argument(f"--large-{flag.replace('_', '-')}", type=int, default=None,
+                       help="unset: the workload's suggested setting")
+    p.add_argument("--no-large", action="store_true", help="skip the trillion-scale line")
     args = p.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="tessera-bench-cache-") as tmp:
-        folder = Path(tmp)
-        results = {}
-        outs = {}
-        for label, baseline in (("baseline", True), ("cold", False), ("warm", False)):
-            outs[label] = folder / f"{label}.tir"
-            cache = folder / ("baseline-cache" if baseline else "cache")
-            results[label] = run(label, args, cache, outs[label], baseline)
-        identical = all(filecmp.cmp(outs["baseline"], outs[k], shallow=False) for k in ("cold", "warm"))
-    rows = ["wall", "capture", "passes", "pass overlap-schedule", "pass profile", "pass partition"]
-    rows += [k for k in results["cold"] if k not in rows and not k.startswith(("pass ", "verify", "total"))]
-    print(f"{args.source} through {args.through} ({' '.join(a for a in (argv or sys.argv[1:]))})")
-    print(f"{'seconds':24s}" + "".join(f"{k:>11s}" for k in results) + f"{'cold/base':>11s}{'warm/base':>11s}")
-    for row in rows:
-        base = results["baseline"].get(row, float("nan"))
-        values = [results[k].get(row, float("nan")) for k in results]
-        ratios = [v / base if base else float("nan") for v in values[1:]]
-        print(f"{row:24s}" + "".join(f"{v:11.2f}" for v in values) + "".join(f"{r:11.3f}" for r in ratios))
-    print(f"IR byte-identical across the three runs: {'yes' if identical else 'NO'}")
-    return 0 if identical else 1
+    main_axes = {k: getattr(args, k) for k in AXES}
+    demo = compare(args.source, main_axes, args.hardware, args.through, ["baseline", "cold", "warm"])
+    ok = bool(demo["identical"]["yes"])
+    summary = [verdict("cold", demo["cold"]["wall"], COLD_MARK_S), verdict("warm", demo["warm"]["wall"], WARM_MARK_S)]
+    if not args.no_large:
+        large_axes = {k: getattr(args, f"large_{k}") for k in AXES}
+        large = compare(args.large_source, large_axes, args.large_hardware, args.large_through, ["cold", "warm"])
+        ok = ok and bool(large["identical"]["yes"])
+        summary.append(verdict(f"{Path(args.large_source).stem} cold", large["cold"]["wall"], LARGE_MARK_S))
+    print("\nmarks (wall time of the whole command):")
+    print("\n".join(summary))
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
