@@ -16,8 +16,8 @@ names another key or fails its checksum is ignored with a :class:`CompileCacheWa
 - ``plans/<key>.tir``: the IR after the whole pass pipeline, keyed by the capture key, the
   target hardware (its name and every field of its description, so an edited hardware file
   or a new CPU calibration misses), every pass with every option (its spelling), whether the
-  verifier ran between passes, the versions of the solvers the passes use, and the source
-  digest. Only pipelines whose passes are pure functions of the IR and those inputs are
+  verifier ran between passes, the versions of the solvers the passes use, the source digest
+  and the pair search's version as built. Only pipelines whose passes are pure functions of the IR and those inputs are
   cached (:func:`pipeline_cacheable`): a pass that reads a training run's ledger, pairs
   measured on this machine, or a wall-clock limited MILP schedule is always run.
 
@@ -141,11 +141,15 @@ def pipeline_cacheable(passes: Sequence[ModulePass]) -> bool:
 
 
 def plan_key(capture: str, hardware: str, hardware_fields: object, passes: Sequence[ModulePass], verify: bool) -> str:
+    # The search extension as built (its sources' hash compiled in), should the build lag its sources.
+    from passes.scheduling.gap_fit import SCHEDULER_VERSION
+
     return _digest(
         {
             "format": CACHE_FORMAT,
             "capture": capture,
             "sources": source_digest(),
+            "scheduler": SCHEDULER_VERSION,
             "versions": package_versions(_PASS_PACKAGES),
             "hardware": [hardware, repr(hardware_fields)],
             "passes": [p.spelling() for p in passes],
