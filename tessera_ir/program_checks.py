@@ -56,7 +56,7 @@ from tessera_ir.programs import (
     read_programs,
     stage_of_candidates,
 )
-from tessera_ir.verifier import _Reporter, check
+from tessera_ir.verifier import _Reporter, check, shared_in_run
 
 Instance = tuple[int, int]  # (pipeline rank, EP coordinate) a simulated program stands for
 T = TypeVar("T")
@@ -98,10 +98,15 @@ class _Plan:
 
 
 def _read(module: Module) -> tuple[list[Program], list[tuple[PlanOp, str]]]:
-    """Programs, and the problems that make them unreadable or illegal (op, message)."""
-    programs, problems = read_programs(module)
-    out = [(p.op, (f"instruction {p.index}: " if p.index is not None else "") + p.message) for p in problems]
-    return programs, out
+    """Programs, and the problems that make them unreadable or illegal (op, message); read once
+    per verifier run, which every check of the programs shares."""
+
+    def read() -> tuple[list[Program], list[tuple[PlanOp, str]]]:
+        programs, problems = read_programs(module)
+        out = [(p.op, (f"instruction {p.index}: " if p.index is not None else "") + p.message) for p in problems]
+        return programs, out
+
+    return shared_in_run(("programs", id(module)), read)
 
 
 def _plan_of(module: Module, programs: list[Program]) -> _Plan:
@@ -110,16 +115,21 @@ def _plan_of(module: Module, programs: list[Program]) -> _Plan:
 
 
 def _legal_plan(module: Module) -> _Plan | None:
-    """The plan when every program reads and is legal, else None (the first check reports why)."""
-    if not any(op.op == PROGRAM_OP for op in module.plan):
-        return None
-    programs, problems = _read(module)
-    if problems:
-        return None
-    plan = _plan_of(module, programs)
-    if any(True for _ in _illegal(plan)):
-        return None
-    return plan
+    """The plan when every program reads and is legal, else None (the first check reports why);
+    built once per verifier run (the checks only read it)."""
+
+    def build() -> _Plan | None:
+        if not any(op.op == PROGRAM_OP for op in module.plan):
+            return None
+        programs, problems = _read(module)
+        if problems:
+            return None
+        plan = _plan_of(module, programs)
+        if any(True for _ in _illegal(plan)):
+            return None
+        return plan
+
+    return shared_in_run(("legal plan", id(module)), build)
 
 
 # ---------------------------------------------------------------- program-instructions-legal

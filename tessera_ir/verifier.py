@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import TypeVar
 
 from tessera_ir.errors import VerifyError
 from tessera_ir.kinds import (
@@ -35,6 +38,8 @@ from tessera_ir.kinds import (
 from tessera_ir.model import MAX_VALUE_DEPTH, Attrs, Layer, Module, PlanOp, SymbolRef, Task, Value, value_depth
 from tessera_ir.printer import spell_value
 from tessera_ir.schedule_rules import at_least, violations
+
+T = TypeVar("T")
 
 CheckFn = Callable[[Module], Iterable[VerifyError]]
 
@@ -62,19 +67,46 @@ def check(name: str, summary: str) -> Callable[[CheckFn], CheckFn]:
     return register
 
 
+# What the checks of one verifier run share (the module does not change while they run, so a
+# result several checks derive from it, such as the parsed per-rank programs, is derived
+# once per run); None outside a run.
+_RUN_SHARED: ContextVar[dict[object, object] | None] = ContextVar("tessera_verifier_run", default=None)
+
+
+def shared_in_run(key: object, derive: Callable[[], T]) -> T:
+    """``derive()``, computed once per verifier run for ``key`` (every call outside a run)."""
+    shared = _RUN_SHARED.get()
+    if shared is None:
+        return derive()
+    if key not in shared:
+        shared[key] = derive()
+    return shared[key]  # type: ignore[return-value]
+
+
+@contextmanager
+def _one_run() -> Iterator[None]:
+    token = _RUN_SHARED.set({})
+    try:
+        yield
+    finally:
+        _RUN_SHARED.reset(token)
+
+
 def collect_errors(module: Module, checks: Iterable[str] | None = None) -> list[VerifyError]:
     """Every error of the named checks (all checks when ``checks`` is None)."""
     errors: list[VerifyError] = []
-    for c in _selected(checks):
-        errors.extend(c.run(module))
+    with _one_run():
+        for c in _selected(checks):
+            errors.extend(c.run(module))
     return errors
 
 
 def verify(module: Module, checks: Iterable[str] | None = None) -> None:
     """Raise the first VerifyError of the named checks (all checks when ``checks`` is None)."""
-    for c in _selected(checks):
-        for error in c.run(module):
-            raise error
+    with _one_run():
+        for c in _selected(checks):
+            for error in c.run(module):
+                raise error
 
 
 def _selected(checks: Iterable[str] | None) -> list[Check]:
