@@ -137,11 +137,12 @@ _ENGINE = _engine()
 
 
 def _small_grad(outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], retain: bool) -> tuple[torch.Tensor | None, ...]:
-    """``torch.autograd.grad(outputs, inputs, grads, retain_graph=retain, allow_unused=True)`` on a one-operation graph.
+    """``torch.autograd.grad(outputs, inputs, grads, retain_graph=retain, allow_unused=True)`` straight on the engine.
 
-    Called once per weight operation and micro-batch, twice (dgrad, wgrad): the
-    public wrapper's shape checks and conversions cost more than the operation's
-    own backward here, and the gradients are shaped by construction.
+    Called once per weight operation and micro-batch, twice (dgrad, wgrad), and
+    once per task's dgrad: the public wrapper's argument conversions cost more
+    than a small operation's own backward here. The gradients are shaped by
+    construction (the engine still checks each one against its output's shape).
     """
     if _ENGINE is not None:
         got: tuple[torch.Tensor | None, ...] = _ENGINE.run_backward(
@@ -350,7 +351,7 @@ class WeightGradJob:
                 derived_grads.append(g)
         if derived_args:
             # Back from w.t(), experts[e], ... to the parameter leaves: no activation is involved.
-            back = torch.autograd.grad(derived_args, graph.leaves, derived_grads, allow_unused=True)
+            back = _small_grad(derived_args, graph.leaves, derived_grads, False)
             for i, g in enumerate(back):
                 if g is not None:
                     previous = result[i]
@@ -387,7 +388,7 @@ def backward_data(graph: TaskGraph, grad_outputs: Sequence[torch.Tensor | None])
     if outs:
         # Through every weight operation this computes the activation side only (_WeightOpNode).
         targets = inputs or [leaf for leaf in graph.leaves]  # no input to reach: still let the weight operations see their gradients
-        result = torch.autograd.grad(outs, targets, grads, allow_unused=True)
+        result = _small_grad(outs, targets, grads, False)
         got = result[: len(inputs)] if inputs else got
     it = iter(got)
     input_grads = tuple(next(it) if t is not None else None for t in graph.inputs)
