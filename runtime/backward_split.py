@@ -54,9 +54,22 @@ class SplitError(RuntimeError):
     """A task whose backward cannot be split, or a split job used twice."""
 
 
-def _is_activation(value: Any) -> bool:
-    # Token ids and routing indices select from a weight; they are not activations.
-    return isinstance(value, torch.Tensor) and not isinstance(value, WeightUse) and (value.is_floating_point() or value.is_complex())
+def _tensor_args(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[list[torch.Tensor], bool]:
+    """The tensors among an operation's arguments, in order (one level into lists and tuples), and whether one is an activation.
+
+    One pass, as every operation that touches a parameter comes through here.
+    Token ids and routing indices select from a weight; they are not activations.
+    """
+    tensors: list[torch.Tensor] = []
+    for value in (*args, *kwargs.values()) if kwargs else args:
+        if isinstance(value, torch.Tensor):
+            tensors.append(value)
+        elif isinstance(value, (list, tuple)):
+            tensors.extend(v for v in value if isinstance(v, torch.Tensor))
+    for t in tensors:
+        if not isinstance(t, WeightUse) and (t.is_floating_point() or t.is_complex()):
+            return tensors, True
+    return tensors, False
 
 
 class WeightUse(torch.Tensor):
@@ -65,11 +78,12 @@ class WeightUse(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
-        recording = _current_recording()
-        if recording is None or not torch.is_grad_enabled():
+        stack = getattr(_local, "stack", None)
+        if not stack or not torch.is_grad_enabled():
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
-        if not any(_is_activation(a) for a in _flat(args, kwargs)):
+        tensors, activation = _tensor_args(args, kwargs)
+        if not activation:
             # Parameters only: the result is still weight side (w.t(), experts[e], -a.exp(), an embedding lookup).
             with torch._C.DisableTorchFunctionSubclass():
                 out = func(*args, **kwargs)
@@ -78,15 +92,7 @@ class WeightUse(torch.Tensor):
             if isinstance(out, (tuple, list)):
                 return type(out)(o.as_subclass(WeightUse) if isinstance(o, torch.Tensor) else o for o in out)
             return out
-        return _weight_op(recording, func, args, kwargs)
-
-
-def _flat(args: Sequence[Any], kwargs: dict[str, Any]) -> Iterator[Any]:
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, (list, tuple)):
-            yield from value
-        else:
-            yield value
+        return _weight_op(stack[-1], func, args, kwargs, tensors)
 
 
 @dataclass
@@ -112,11 +118,6 @@ class _Recording:
 
 
 _local = threading.local()
-
-
-def _current_recording() -> _Recording | None:
-    stack = getattr(_local, "stack", None)
-    return stack[-1] if stack else None
 
 
 def _rebuild(value: Any, tensors: Iterator[torch.Tensor]) -> Any:
@@ -161,7 +162,11 @@ class _WeightOpNode(torch.autograd.Function):
         with torch.enable_grad(), torch._C.DisableTorchFunctionSubclass():
             inner = [t.detach().requires_grad_(t.requires_grad) for t in tensors]
             it = iter(inner)
-            out = func(*_rebuild(args, it), **{k: _rebuild(v, it) for k, v in kwargs.items()})
+            if not kwargs and not any(isinstance(a, (list, tuple)) for a in args):
+                # The common case (F.linear(x, w, None), x * w): no keyword, no list of tensors.
+                out = func(*[next(it) if isinstance(a, torch.Tensor) else a for a in args])
+            else:
+                out = func(*_rebuild(args, it), **{k: _rebuild(v, it) for k, v in kwargs.items()})
         outputs = out if isinstance(out, (tuple, list)) else (out,)
         op.outputs = tuple(outputs)
         op.inner_weights = tuple(t for t, w in zip(inner, weight_flags) if w)
@@ -189,10 +194,9 @@ class _WeightOpNode(torch.autograd.Function):
         return (None, *out)
 
 
-def _weight_op(recording: _Recording, func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-    tensors = [a for a in _flat(args, kwargs) if isinstance(a, torch.Tensor)]
+def _weight_op(recording: _Recording, func: Any, args: Sequence[Any], kwargs: dict[str, Any], tensors: list[torch.Tensor]) -> Any:
     flags = tuple(isinstance(t, WeightUse) for t in tensors)
-    op = WeightOp((), (), tuple(t for t in tensors if isinstance(t, WeightUse)))
+    op = WeightOp((), (), tuple(t for t, w in zip(tensors, flags) if w))
     recording.ops.append(op)
     with torch._C.DisableTorchFunctionSubclass():
         return _WeightOpNode.apply((func, args, kwargs, op, flags), *tensors)
