@@ -19,7 +19,11 @@ Prints iterations/s of each (a step's time is the slowest rank's, between two
 barriers; median over the timed steps), their ratio (mark: Tessera >= 1.1x with
 identical losses), whether every step's losses agree bitwise, the runtime's own
 share of Tessera's iteration time (FSM and executor bookkeeping: wall time less
-compute and blocked waits), and the FSM's counters. One intra-op thread per
+compute and blocked waits), the spread of the per-step ratios, where each rank's
+training thread spends its CPU time (baseline: forward and backward chunks;
+Tessera: forward, dgrad and wgrad tasks, and the runtime with its transfers: on
+two cores shared by four processes, CPU time sets the pace), and the FSM's
+counters. One intra-op thread per
 process: four processes share the two cores. Results go to
 ``bench/results/e2e_cpu.json`` and ``.csv``.
 """
@@ -61,6 +65,33 @@ from runtime.stage_module import StageModule  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 MARK_SPEEDUP = 1.1
+# Training-thread CPU per iteration, per phase: the baseline's pipelining chunks, then the executor's tasks.
+PHASES = ("baseline_fwd", "baseline_bwd", "baseline_other", "baseline_total",
+          "tessera_fwd", "tessera_dgrad", "tessera_wgrad", "tessera_other", "tessera_total")
+
+
+class TimedStage(PipelineStage):
+    """A ``PipelineStage`` that adds up the training thread's CPU time in its forward and backward chunks.
+
+    Two clock readings per chunk; nothing else changes.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.cpu_ns = {"fwd": 0, "bwd": 0}
+
+    def _timed(self, phase: str, chunk: Any, args: Any, kwargs: Any) -> Any:
+        start = time.thread_time_ns()
+        try:
+            return chunk(*args, **kwargs)
+        finally:
+            self.cpu_ns[phase] += time.thread_time_ns() - start
+
+    def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+        return self._timed("fwd", super().forward_one_chunk, args, kwargs)
+
+    def backward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+        return self._timed("bwd", super().backward_one_chunk, args, kwargs)
 
 
 class Baseline:
@@ -77,14 +108,14 @@ class Baseline:
         shape = (plan.micro_batch_size, plan.seq_len, binding.hidden)
         vocab = int(next(binding.lm_head.parameters()).shape[0])
         self.stage_modules: list[StageModule] = []
-        stages: list[Any] = []  # PipelineStage; the schedule's parameter is typed with a private base class
+        self.stages: list[Any] = []  # TimedStage; the schedule's parameter is typed with a private base class
         for s in range(pp_rank, stages_total, plan.pp):
             module = StageModule(binding, split[s], parallel.ep_group)
             self.stage_modules.append(module)
             example_in = torch.zeros(shape[:2], dtype=torch.long) if s == 0 else torch.zeros(shape, requires_grad=True)
             example_out = torch.zeros((*shape[:2], vocab) if s == stages_total - 1 else shape, requires_grad=True)
-            stages.append(PipelineStage(module, s, stages_total, torch.device("cpu"), input_args=(example_in,),
-                                        output_args=(example_out,), group=parallel.pp_group))
+            self.stages.append(TimedStage(module, s, stages_total, torch.device("cpu"), input_args=(example_in,),
+                                          output_args=(example_out,), group=parallel.pp_group))
         self.losses: list[torch.Tensor] = []
         scaled = loss_fn(plan.microbatches * grid.shards)
 
@@ -93,7 +124,7 @@ class Baseline:
             self.losses.append(unscaled)
             return value
 
-        self.schedule = ScheduleInterleaved1F1B(stages, plan.microbatches, loss_fn=loss, scale_grads=False)
+        self.schedule = ScheduleInterleaved1F1B(self.stages, plan.microbatches, loss_fn=loss, scale_grads=False)
         self.has_first, self.has_last = 0 in range(pp_rank, stages_total, plan.pp), pp_rank == (stages_total - 1) % plan.pp
         params = {id(p): p for m in self.stage_modules for p in m.parameters()}
         self.params: list[torch.Tensor] = list(params.values())
@@ -101,7 +132,11 @@ class Baseline:
         self.opt = optimizer(self.params)
 
     def step(self, ids: torch.Tensor, labels: torch.Tensor) -> list[torch.Tensor]:
+        """One training step; ``self.cpu_ns`` says where its training thread's CPU time went."""
         self.losses = []
+        for stage in self.stages:
+            stage.cpu_ns = {"fwd": 0, "bwd": 0}
+        start_cpu = time.thread_time_ns()
         flat_ids, flat_labels = ids.reshape(-1, ids.shape[-1]), labels.reshape(-1, labels.shape[-1])
         if self.has_first:
             self.schedule.step(flat_ids, target=flat_labels if self.has_last else None)
@@ -117,6 +152,9 @@ class Baseline:
                 offset += p.numel()
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
+        fwd, bwd = (sum(st.cpu_ns[k] for st in self.stages) for k in ("fwd", "bwd"))
+        total = time.thread_time_ns() - start_cpu
+        self.cpu_ns = {"fwd": fwd, "bwd": bwd, "other": total - fwd - bwd, "total": total}
         return list(self.losses)
 
 
@@ -191,6 +229,8 @@ def main() -> int:
     base_cpu: list[float] = []
     tess_cpu: list[float] = []
     parts = torch.zeros(3)  # this rank's compute, blocked, runtime seconds over the timed steps
+    # this rank's training-thread CPU seconds over the timed steps, per phase (PHASES)
+    phases = torch.zeros(len(PHASES), dtype=torch.float64)
     for step in range(args.warmup + args.steps):
         ids, labels = make_batch(step, args.seed, grid.shards, args.microbatches, 1, args.seq_len, cfg.vocab_size, 0)
         mine_ids, mine_labels = ids[session.shard], labels[session.shard]
@@ -213,6 +253,8 @@ def main() -> int:
             overhead.append(float(share) / grid.world_size)
             it = result.iteration
             parts += torch.tensor([it.compute_ns, it.blocked_ns, it.runtime_ns], dtype=torch.float32) / 1e9
+            phases += torch.tensor([baseline.cpu_ns[k] for k in ("fwd", "bwd", "other", "total")]
+                                   + [it.cpu_ns[k] for k in ("fwd", "dgrad", "wgrad", "other", "total")], dtype=torch.float64) / 1e9
         if rank == session.reporting_rank:
             assert b_all is not None and t_all is not None
             agree.append(torch.equal(b_all.view(torch.int32), t_all.view(torch.int32)))
@@ -222,8 +264,10 @@ def main() -> int:
     cpu = torch.tensor([statistics.mean(base_cpu[args.warmup:]), statistics.mean(tess_cpu[args.warmup:])])
     per_rank = [torch.zeros(5) for _ in range(grid.world_size)]
     dist.all_gather(per_rank, torch.cat([parts / max(1, args.steps), cpu]))
+    phases_per_rank = [torch.zeros(len(PHASES), dtype=torch.float64) for _ in range(grid.world_size)]
+    dist.all_gather(phases_per_rank, phases / max(1, args.steps))
     if rank == session.reporting_rank:
-        report(args, info, base_s, tess_s, overhead, all(agree), counters, session, per_rank)
+        report(args, info, base_s, tess_s, overhead, all(agree), counters, session, per_rank, phases_per_rank)
     session.close()
     dist.barrier()
     dist.destroy_process_group()
@@ -231,7 +275,8 @@ def main() -> int:
 
 
 def report(args: argparse.Namespace, info: Any, base_s: list[float], tess_s: list[float], overhead: list[float],
-           losses_equal: bool, counters: dict[str, float], session: TrainingSession, per_rank: list[torch.Tensor]) -> None:
+           losses_equal: bool, counters: dict[str, float], session: TrainingSession, per_rank: list[torch.Tensor],
+           phases_per_rank: list[torch.Tensor]) -> None:
     base_it, tess_it = 1 / statistics.median(base_s), 1 / statistics.median(tess_s)
     ratio = tess_it / base_it
     mark = "meets" if ratio >= MARK_SPEEDUP and losses_equal else "misses"
@@ -245,12 +290,21 @@ def report(args: argparse.Namespace, info: Any, base_s: list[float], tess_s: lis
     for name, it in rows:
         print(f"  {name:<38} {it:7.3f} it/s  ({1e3 / it:8.1f} ms/iteration)")
     print(f"  speed-up: {ratio:.3f}x  (mark >= {MARK_SPEEDUP}x with identical losses: {mark})")
+    step_ratios = sorted(b / t for b, t in zip(base_s, tess_s))
+    print(f"  per-step speed-up (each step's baseline time over its Tessera time): median {statistics.median(step_ratios):.3f}x, "
+          f"range {step_ratios[0]:.3f}x .. {step_ratios[-1]:.3f}x")
     print(f"  losses identical every step (bitwise): {losses_equal}")
     print(f"  Tessera runtime overhead (FSM + executor bookkeeping): {100 * statistics.mean(overhead):.1f}% of iteration time")
     print("  Tessera per rank, ms per iteration (compute / blocked on transfers / runtime): "
           + "; ".join(f"rank {r}: {c * 1e3:.0f} / {b * 1e3:.0f} / {o * 1e3:.0f}" for r, (c, b, o, _, _) in enumerate(t.tolist() for t in per_rank)))
     print("  CPU time per rank, ms per iteration (baseline / Tessera): "
           + "; ".join(f"rank {r}: {bc * 1e3:.0f} / {tc * 1e3:.0f}" for r, (_, _, _, bc, tc) in enumerate(t.tolist() for t in per_rank)))
+    print("  training-thread CPU per rank, ms per iteration:")
+    print("    baseline: forward chunks / backward chunks / other = total;  Tessera: forward / dgrad / wgrad / runtime+comm = total")
+    for r, values in enumerate(phases_per_rank):
+        v = [x * 1e3 for x in values.tolist()]
+        print(f"    rank {r}: baseline {v[0]:.0f} / {v[1]:.0f} / {v[2]:.0f} = {v[3]:.0f};  "
+              f"Tessera {v[4]:.0f} / {v[5]:.0f} / {v[6]:.0f} / {v[7]:.0f} = {v[8]:.0f}  ({v[8] / max(v[3], 1e-9):.2f}x)")
     keys = ("tasks_run", "deferred", "placed", "fallbacks", "slots_filled", "implicit_waits", "max_imbalance")
     print("  FSM/executor counters (last step, reporting rank): " + ", ".join(f"{k}={counters.get(k)}" for k in keys))
     if args.no_save:
@@ -261,6 +315,7 @@ def report(args: argparse.Namespace, info: Any, base_s: list[float], tess_s: lis
         "steps": args.steps, "baseline_it_s": base_it, "tessera_it_s": tess_it, "speedup": ratio,
         "losses_identical": losses_equal, "runtime_overhead_share": statistics.mean(overhead),
         "tessera_stages": [list(s) for s in layout], "baseline_samples_s": base_s, "tessera_samples_s": tess_s,
+        "thread_cpu_ms_per_rank": [dict(zip(PHASES, (round(x * 1e3, 1) for x in v.tolist()))) for v in phases_per_rank],
     }
     (RESULTS / "e2e_cpu.json").write_text(json.dumps(record, indent=2) + "\n")
     with (RESULTS / "e2e_cpu.csv").open("w", newline="") as f:

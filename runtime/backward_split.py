@@ -54,9 +54,22 @@ class SplitError(RuntimeError):
     """A task whose backward cannot be split, or a split job used twice."""
 
 
-def _is_activation(value: Any) -> bool:
-    # Token ids and routing indices select from a weight; they are not activations.
-    return isinstance(value, torch.Tensor) and not isinstance(value, WeightUse) and (value.is_floating_point() or value.is_complex())
+def _tensor_args(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[list[torch.Tensor], bool]:
+    """The tensors among an operation's arguments, in order (one level into lists and tuples), and whether one is an activation.
+
+    One pass, as every operation that touches a parameter comes through here.
+    Token ids and routing indices select from a weight; they are not activations.
+    """
+    tensors: list[torch.Tensor] = []
+    for value in (*args, *kwargs.values()) if kwargs else args:
+        if isinstance(value, torch.Tensor):
+            tensors.append(value)
+        elif isinstance(value, (list, tuple)):
+            tensors.extend(v for v in value if isinstance(v, torch.Tensor))
+    for t in tensors:
+        if not isinstance(t, WeightUse) and (t.is_floating_point() or t.is_complex()):
+            return tensors, True
+    return tensors, False
 
 
 class WeightUse(torch.Tensor):
@@ -65,11 +78,12 @@ class WeightUse(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
-        recording = _current_recording()
-        if recording is None or not torch.is_grad_enabled():
+        stack = getattr(_local, "stack", None)
+        if not stack or not torch.is_grad_enabled():
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
-        if not any(_is_activation(a) for a in _flat(args, kwargs)):
+        tensors, activation = _tensor_args(args, kwargs)
+        if not activation:
             # Parameters only: the result is still weight side (w.t(), experts[e], -a.exp(), an embedding lookup).
             with torch._C.DisableTorchFunctionSubclass():
                 out = func(*args, **kwargs)
@@ -78,15 +92,7 @@ class WeightUse(torch.Tensor):
             if isinstance(out, (tuple, list)):
                 return type(out)(o.as_subclass(WeightUse) if isinstance(o, torch.Tensor) else o for o in out)
             return out
-        return _weight_op(recording, func, args, kwargs)
-
-
-def _flat(args: Sequence[Any], kwargs: dict[str, Any]) -> Iterator[Any]:
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, (list, tuple)):
-            yield from value
-        else:
-            yield value
+        return _weight_op(stack[-1], func, args, kwargs, tensors)
 
 
 @dataclass
@@ -114,11 +120,6 @@ class _Recording:
 _local = threading.local()
 
 
-def _current_recording() -> _Recording | None:
-    stack = getattr(_local, "stack", None)
-    return stack[-1] if stack else None
-
-
 def _rebuild(value: Any, tensors: Iterator[torch.Tensor]) -> Any:
     """``value`` (an argument, possibly a list or tuple of them) with each tensor replaced by the next of ``tensors``."""
     if isinstance(value, torch.Tensor):
@@ -137,11 +138,12 @@ _ENGINE = _engine()
 
 
 def _small_grad(outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], retain: bool) -> tuple[torch.Tensor | None, ...]:
-    """``torch.autograd.grad(outputs, inputs, grads, retain_graph=retain, allow_unused=True)`` on a one-operation graph.
+    """``torch.autograd.grad(outputs, inputs, grads, retain_graph=retain, allow_unused=True)`` straight on the engine.
 
-    Called once per weight operation and micro-batch, twice (dgrad, wgrad): the
-    public wrapper's shape checks and conversions cost more than the operation's
-    own backward here, and the gradients are shaped by construction.
+    Called once per weight operation and micro-batch, twice (dgrad, wgrad), and
+    once per task's dgrad: the public wrapper's argument conversions cost more
+    than a small operation's own backward here. The gradients are shaped by
+    construction (the engine still checks each one against its output's shape).
     """
     if _ENGINE is not None:
         got: tuple[torch.Tensor | None, ...] = _ENGINE.run_backward(
@@ -160,7 +162,11 @@ class _WeightOpNode(torch.autograd.Function):
         with torch.enable_grad(), torch._C.DisableTorchFunctionSubclass():
             inner = [t.detach().requires_grad_(t.requires_grad) for t in tensors]
             it = iter(inner)
-            out = func(*_rebuild(args, it), **{k: _rebuild(v, it) for k, v in kwargs.items()})
+            if not kwargs and not any(isinstance(a, (list, tuple)) for a in args):
+                # The common case (F.linear(x, w, None), x * w): no keyword, no list of tensors.
+                out = func(*[next(it) if isinstance(a, torch.Tensor) else a for a in args])
+            else:
+                out = func(*_rebuild(args, it), **{k: _rebuild(v, it) for k, v in kwargs.items()})
         outputs = out if isinstance(out, (tuple, list)) else (out,)
         op.outputs = tuple(outputs)
         op.inner_weights = tuple(t for t, w in zip(inner, weight_flags) if w)
@@ -188,10 +194,9 @@ class _WeightOpNode(torch.autograd.Function):
         return (None, *out)
 
 
-def _weight_op(recording: _Recording, func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-    tensors = [a for a in _flat(args, kwargs) if isinstance(a, torch.Tensor)]
+def _weight_op(recording: _Recording, func: Any, args: Sequence[Any], kwargs: dict[str, Any], tensors: list[torch.Tensor]) -> Any:
     flags = tuple(isinstance(t, WeightUse) for t in tensors)
-    op = WeightOp((), (), tuple(t for t in tensors if isinstance(t, WeightUse)))
+    op = WeightOp((), (), tuple(t for t, w in zip(tensors, flags) if w))
     recording.ops.append(op)
     with torch._C.DisableTorchFunctionSubclass():
         return _WeightOpNode.apply((func, args, kwargs, op, flags), *tensors)
@@ -350,7 +355,7 @@ class WeightGradJob:
                 derived_grads.append(g)
         if derived_args:
             # Back from w.t(), experts[e], ... to the parameter leaves: no activation is involved.
-            back = torch.autograd.grad(derived_args, graph.leaves, derived_grads, allow_unused=True)
+            back = _small_grad(derived_args, graph.leaves, derived_grads, False)
             for i, g in enumerate(back):
                 if g is not None:
                     previous = result[i]
@@ -387,7 +392,7 @@ def backward_data(graph: TaskGraph, grad_outputs: Sequence[torch.Tensor | None])
     if outs:
         # Through every weight operation this computes the activation side only (_WeightOpNode).
         targets = inputs or [leaf for leaf in graph.leaves]  # no input to reach: still let the weight operations see their gradients
-        result = torch.autograd.grad(outs, targets, grads, allow_unused=True)
+        result = _small_grad(outs, targets, grads, False)
         got = result[: len(inputs)] if inputs else got
     it = iter(got)
     input_grads = tuple(next(it) if t is not None else None for t in graph.inputs)

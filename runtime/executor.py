@@ -94,15 +94,20 @@ class _InFlight:
     done_ns: int = 0
     blocked_ns: int = 0
     waited: bool = False
+    done_works: list[Any] = field(default_factory=list)  # seen complete by finished(), still to be waited for once
 
     def finished(self) -> bool:
-        return all(w.is_completed() for w in self.works)
+        # Polled before every FSM step: drop each work once it is seen complete, so a
+        # long-lived transfer costs one is_completed() per poll, not one per work.
+        while self.works and self.works[-1].is_completed():
+            self.done_works.append(self.works.pop())
+        return not self.works
 
     def wait(self) -> None:
         # Exactly once: a second wait() on a gloo send or receive waits for another transfer.
         if not self.waited:
             self.waited = True
-            for w in self.works:
+            for w in (*self.done_works, *self.works):
                 _wait_work(w, self.label)
 
 
@@ -134,6 +139,9 @@ class IterationResult:
     compute_ns: int
     blocked_ns: int
     runtime_ns: int  # advance()/complete() and the executor's own bookkeeping
+    # CPU time of the training thread (time.thread_time_ns), per phase: forward, dgrad and wgrad
+    # tasks, and the rest (FSM, issuing and retiring transfers, bookkeeping); ``total`` is their sum.
+    cpu_ns: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -191,6 +199,7 @@ class _Stats:
     p2p_bytes: int = 0
     tokens_routed: int = 0
     max_imbalance: float = 1.0
+    cpu_ns: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("fwd", "dgrad", "wgrad"), 0))
     extra: dict[str, float] = field(default_factory=dict)
 
 
@@ -335,6 +344,7 @@ class StageExecutor:
         self.stats = _Stats()
         self.grads.begin_iteration()
         self._begin_ns = time.perf_counter_ns()
+        self._begin_cpu_ns = time.thread_time_ns()
 
     def end_iteration(self, counters: dict[str, float] | None = None) -> IterationResult:
         """Finish an iteration: every transfer done, every weight gradient run and reduced, or an error."""
@@ -342,6 +352,9 @@ class StageExecutor:
             self.wait(handle)
         wall = time.perf_counter_ns() - self._begin_ns
         self._finish_checks()
+        cpu = dict(self.stats.cpu_ns)
+        cpu["total"] = time.thread_time_ns() - self._begin_cpu_ns
+        cpu["other"] = max(0, cpu["total"] - cpu["fwd"] - cpu["dgrad"] - cpu["wgrad"])
         counters = dict(counters or {})
         s = self.stats
         counters.update({
@@ -352,7 +365,7 @@ class StageExecutor:
         losses = [self.loss_values[m] for m in sorted(self.loss_values)]
         runtime_ns = max(0, wall - s.compute_ns - s.blocked_ns)
         result = IterationResult(
-            [float(v) for v in losses], losses, counters, self.records, wall, s.compute_ns, s.blocked_ns, runtime_ns
+            [float(v) for v in losses], losses, counters, self.records, wall, s.compute_ns, s.blocked_ns, runtime_ns, cpu
         )
         self.last_result = result
         # Nothing of this iteration's graphs survives it.
@@ -375,8 +388,9 @@ class StageExecutor:
     # ------------------------------------------------------------ asynchronous work
 
     def _poll(self) -> None:
-        for action_id in [i for i, f in self.inflight.items() if f.finished()]:
-            self._retire(action_id)
+        if self.inflight:
+            for action_id in [i for i, f in self.inflight.items() if f.finished()]:
+                self._retire(action_id)
 
     def _retire(self, action_id: int) -> None:
         flight = self.inflight.pop(action_id)
@@ -427,7 +441,7 @@ class StageExecutor:
         op, phase = task_op(task.kind)
         layer, mb = task.layer, int(mb)
         blocked_before = self.stats.blocked_ns
-        start = time.perf_counter_ns()
+        start, start_cpu = time.perf_counter_ns(), time.thread_time_ns()
         if phase == "fwd":
             self._forward(layer, op, mb)
         elif phase == "dgrad":
@@ -435,6 +449,7 @@ class StageExecutor:
         else:
             self._wgrad(layer, op, mb, filled, fallback)
         end = time.perf_counter_ns()
+        self.stats.cpu_ns[phase] += time.thread_time_ns() - start_cpu
         blocked = self.stats.blocked_ns - blocked_before  # a transfer the task had to wait for (implicit wait)
         self.stats.compute_ns += end - start - blocked
         self.records.append(ActionRecord(

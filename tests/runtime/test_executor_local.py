@@ -67,6 +67,10 @@ def test_one_rank_trains_bitwise_like_the_reference(world_of_one, one_rank_plan)
         counters = result.iteration.counters
         assert counters["offered"] == counters["deferred"] == movable * MBS
         assert counters["placed"] + counters["fallbacks"] == movable * MBS
+        # the training thread's CPU time, per phase: every phase ran, and the phases add up to the total
+        cpu = result.iteration.cpu_ns
+        assert all(cpu[phase] > 0 for phase in ("fwd", "dgrad", "wgrad"))
+        assert cpu["fwd"] + cpu["dgrad"] + cpu["wgrad"] + cpu["other"] == cpu["total"]
         opt.step()
         opt.zero_grad(set_to_none=True)
         ref.optimizer_step()
