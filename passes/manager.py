@@ -98,6 +98,7 @@ PASS_REGISTRY: dict[str, str] = {
     "overlap-schedule": "passes.overlap_schedule:OverlapSchedulePass",
     "profile": "passes.profile:ProfilePass",
     "partition": "passes.partition:PartitionPass",
+    "refine-bottleneck": "passes.refine_bottleneck:RefineBottleneckPass",
     "dbo-slots": "passes.dbo_slots:DboSlotsPass",
     "measured-durations": "passes.measured_durations:MeasuredDurationsPass",
     "measured-pairs": "passes.measured_pairs:MeasuredPairsPass",
