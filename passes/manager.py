@@ -95,6 +95,7 @@ def _value_text(value: Any) -> str:
 PASS_REGISTRY: dict[str, str] = {
     "verify": "passes.verify_pass:VerifyPass",
     "candidates": "passes.candidates:CandidatesPass",
+    "wgrad-deadlines": "passes.wgrad_deadlines:WgradDeadlinesPass",
     "overlap-schedule": "passes.overlap_schedule:OverlapSchedulePass",
     "profile": "passes.profile:ProfilePass",
     "partition": "passes.partition:PartitionPass",

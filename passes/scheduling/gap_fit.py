@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING
 
 from passes.scheduling.baselines import fixed_template
 from passes.scheduling.pair_dag import BWD, PairDAG
-from passes.scheduling.schedule import RESOURCES, PairSchedule, SchedulingError
+from passes.scheduling.schedule import RESOURCES, PairSchedule, SchedulingError, left_shift
 
 
 def _load_search() -> ModuleType:
@@ -139,6 +139,13 @@ def gap_fit(dag: PairDAG, effort: SearchEffort = DEFAULT_EFFORT) -> PairSchedule
         initial.append(fixed_template(dag).start)
     except SchedulingError:
         pass  # the DAG lacks the layer structure the template assumes
+    if any(t.movable and t.deadline is not None for t in dag.tasks):
+        # The backward side alone, each stream in DAG order, the forward after it: it meets every
+        # deadline no earlier than that side's own finishes (what wgrad-deadlines guarantees), so
+        # the search starts from a schedule that meets them where its greedy rules may not.
+        order = sorted(range(len(dag.tasks)), key=lambda i: (dag.tasks[i].side != BWD, i))
+        rank = {i: k for k, i in enumerate(order)}
+        initial.append(left_shift(dag, [float(rank[i]) for i in range(len(dag.tasks))]))
     durations, streams, deps = native_arrays(dag)
     try:
         start, stats = _search.search(
