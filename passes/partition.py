@@ -59,16 +59,18 @@ class PartitionPass(ModulePass):
             raise PassError(f"partition: reserved-gib must be >= 0, got {self.reserved_gib}")
 
     def settings(self) -> PartitionSettings:
-        return PartitionSettings(
-            self.search, self.solver, self.time_limit, self.memory_gib, self.wgrad_headroom, self.reserved_gib
-        )
+        return PartitionSettings(self.search, self.solver, self.time_limit, self.wgrad_headroom, self.reserved_gib)
 
     def apply(self, module: Module) -> bool:
         if module.plan_ops("partition"):
             raise PassError("partition: the module already holds a partition op")
         check_decoder_order(module)
+        view = PlanView(module)
+        capacity = self.memory_gib if self.memory_gib is not None else view.hardware.memory_gib
         try:
-            op = choose_partition(PlanView(module), self.settings(), note_time)
+            op = choose_partition(
+                module, view.parallel, view.candidate_table(), view.duration, capacity, self.settings(), note_time
+            )
         except TesseraError as err:
             raise PassError(f"partition: {err}") from None
         module.plan.append(op)

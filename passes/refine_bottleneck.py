@@ -104,7 +104,10 @@ class RefineBottleneckPass(ModulePass):
                 view = PlanView(module)  # costs changed: read them afresh
                 old = view.partition
                 assert old is not None
-                new = choose_partition(view, self._settings(old.op), note_time)
+                settings, capacity = self._settings(old.op, view)
+                new = choose_partition(
+                    module, view.parallel, view.candidate_table(), view.duration, capacity, settings, note_time
+                )
                 module.plan[module.plan.index(old.op)] = new
                 view = PlanView(module)
         except TesseraError as err:
@@ -207,13 +210,14 @@ class RefineBottleneckPass(ModulePass):
                 better = False
         return better
 
-    def _settings(self, op: PlanOp) -> PartitionSettings:
+    def _settings(self, op: PlanOp, view: PlanView) -> tuple[PartitionSettings, float]:
+        """The partition's search settings and capacity (GiB), as the partition op records them."""
         capacity = op.attrs.get("memory_capacity_bytes")
-        return PartitionSettings(
+        settings = PartitionSettings(
             search=str(op.attrs.get("search", "window")),
             solver=str(op.attrs.get("solver", "cbc")),
             time_limit=self.partition_time_limit,
-            memory_gib=capacity / GIB if isinstance(capacity, int) else None,
             wgrad_headroom=self.wgrad_headroom,
             reserved_gib=self.reserved_gib,
         )
+        return settings, capacity / GIB if isinstance(capacity, int) else view.hardware.memory_gib
