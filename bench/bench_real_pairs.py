@@ -45,6 +45,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
@@ -78,8 +79,9 @@ def pipeline_transfer_us(module: Module) -> float:
     if not isinstance(hidden, int):
         return 0.0
     nbytes = p.micro_batch_size * p.seq_len * hidden * p.dtype_bytes // p.tp
-    gbps = float(hw.extra.get("p2p_gbps", hw.nic_gbps))
-    latency = float(hw.extra.get("p2p_latency_us", hw.a2a_latency_us))
+    gbps, latency = hw.extra.get("p2p_gbps", hw.nic_gbps), hw.extra.get("p2p_latency_us", hw.a2a_latency_us)
+    if not isinstance(gbps, (int, float)) or not isinstance(latency, (int, float)):
+        raise TesseraError(f"hardware '{HARDWARE}': p2p_gbps and p2p_latency_us must be numbers")
     return latency + nbytes / (gbps * 1e3)
 
 
@@ -139,7 +141,7 @@ def pct(x: float) -> str:
     return f"{100 * x:.3f}%"
 
 
-def one_setting(args: argparse.Namespace, label: str, source: str, ep: int, seq_len: int) -> dict | None:
+def one_setting(args: argparse.Namespace, label: str, source: str, ep: int, seq_len: int) -> dict[str, Any] | None:
     """Bench one setting; print its figures and return its summary row (None: setting refused)."""
     t0 = time.perf_counter()
     try:
@@ -153,7 +155,7 @@ def one_setting(args: argparse.Namespace, label: str, source: str, ep: int, seq_
     what = "pairs setting a device's worst cost" if args.bottleneck else "pair DAGs"
     print(f"\n{label} EP{ep} seq {seq_len} PP{parallel.pp} VPP{parallel.vpp} TP{parallel.tp}: {len(dags)} distinct "
           f"{what}, {len(sample)} sampled (seed {args.seed}); planning {time.perf_counter() - t0:.1f} s", flush=True)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for dag in sample:
         t1 = time.perf_counter()
         heur = gap_fit(dag)
@@ -239,7 +241,7 @@ def one_setting(args: argparse.Namespace, label: str, source: str, ep: int, seq_
     return {"summary": summary, "rows": rows}
 
 
-def write_csv(path: Path, rows: list[dict]) -> None:
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     if not rows:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
