@@ -78,6 +78,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_parse.py
 	$(BIN)/python bench/bench_pair_schedule.py
 	$(BIN)/python bench/bench_real_pairs.py
+	$(BIN)/python bench/bench_refine_bottleneck.py
 	$(BIN)/python bench/bench_compile_time.py
 	$(BIN)/python bench/bench_partition.py
 	$(BIN)/python bench/bench_cost_model.py

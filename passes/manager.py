@@ -95,9 +95,11 @@ def _value_text(value: Any) -> str:
 PASS_REGISTRY: dict[str, str] = {
     "verify": "passes.verify_pass:VerifyPass",
     "candidates": "passes.candidates:CandidatesPass",
+    "wgrad-deadlines": "passes.wgrad_deadlines:WgradDeadlinesPass",
     "overlap-schedule": "passes.overlap_schedule:OverlapSchedulePass",
     "profile": "passes.profile:ProfilePass",
     "partition": "passes.partition:PartitionPass",
+    "refine-bottleneck": "passes.refine_bottleneck:RefineBottleneckPass",
     "dbo-slots": "passes.dbo_slots:DboSlotsPass",
     "measured-durations": "passes.measured_durations:MeasuredDurationsPass",
     "measured-pairs": "passes.measured_pairs:MeasuredPairsPass",

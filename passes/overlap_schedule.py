@@ -70,38 +70,9 @@ from passes.scheduling.exact import ExactSolver
 from passes.scheduling.gap_fit import SCHEDULER_VERSION
 from passes.scheduling.methods import Method, schedule_dag
 from passes.scheduling.pair_dag import PairDAG, join_sides
-from passes.scheduling.schedule import PairSchedule
+from passes.scheduling.schedule import PairSchedule, schedule_op
 from tessera_ir.errors import TesseraError
-from tessera_ir.model import Module, PlanEntry, PlanOp, SymbolRef
-
-
-def schedule_op(schedule: PairSchedule, name: str, pairs: list[str], verified: bool) -> PlanOp:
-    """The ``pair_schedule`` plan op of a schedule; entries in DAG order."""
-    dag = schedule.dag
-    attrs: dict = {
-        "method": schedule.method,
-        "makespan": schedule.makespan,
-        "lower_bound": dag.lower_bound(),
-        # makespan / lower bound: 1.0 means provably optimal, more says how far it may be from it
-        "bound_ratio": schedule.makespan / dag.lower_bound() if dag.lower_bound() > 0 else 1.0,
-        "serial": dag.serial_time(),
-        "tasks": len(dag.tasks),
-        "pairs": [SymbolRef(p) for p in pairs],
-        "verified": verified,
-    }
-    if schedule.method == "exact":
-        attrs["status"] = schedule.status
-        if schedule.bound is not None:
-            attrs["proven_bound"] = schedule.bound  # what the solver proved no schedule beats
-    order = schedule.order_of()
-    entries = [
-        PlanEntry(
-            t.name,
-            {"start": schedule.start[i], "duration": t.duration, "stream": t.resource.value, "order": order[i]},
-        )
-        for i, t in enumerate(dag.tasks)
-    ]
-    return PlanOp("pair_schedule", name, attrs, entries)
+from tessera_ir.model import Module, PlanOp, SymbolRef
 
 
 def plan_entries(op: PlanOp) -> list[ScheduleEntry]:

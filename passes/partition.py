@@ -27,19 +27,15 @@ solvers took goes to ``--timing``, not into the IR.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 from passes.manager import ModulePass, PassError, note_time, option
-from passes.partitioning.megatron import megatron_layout
-from passes.partitioning.memory import MemoryAssumptions, build_memory_spec
-from passes.partitioning.problem import PartitionProblem
-from passes.partitioning.ranges import Range
-from passes.partitioning.search import solve, solve_global
-from passes.partitioning.stages import check_decoder_order, serially_balanced
-from passes.plan_view import Candidate, PlanView
+from passes.partitioning.plan import PartitionSettings, choose_partition
+from passes.partitioning.stages import check_decoder_order
+from passes.plan_view import PlanView
 from tessera_ir.errors import TesseraError
-from tessera_ir.model import Module, PlanOp, SymbolRef
+from tessera_ir.model import Module, SymbolRef
 
 
 @dataclass(frozen=True)
@@ -62,104 +58,23 @@ class PartitionPass(ModulePass):
         if self.reserved_gib < 0:
             raise PassError(f"partition: reserved-gib must be >= 0, got {self.reserved_gib}")
 
+    def settings(self) -> PartitionSettings:
+        return PartitionSettings(self.search, self.solver, self.time_limit, self.wgrad_headroom, self.reserved_gib)
+
     def apply(self, module: Module) -> bool:
         if module.plan_ops("partition"):
             raise PassError("partition: the module already holds a partition op")
         check_decoder_order(module)
         view = PlanView(module)
-        problem, names, window_cands, sources = self.build_problem(view)
-        balanced = serially_balanced(module, view.duration, view.parallel.virtual_stages)
-        window_problem = replace(problem, candidates=window_cands)
+        capacity = self.memory_gib if self.memory_gib is not None else view.hardware.memory_gib
         try:
-            window = solve(window_problem, self.solver, self.time_limit, [balanced])
-            note_time("window search", window.seconds)
-            chosen = window
-            global_sol = None
-            if self.search == "global":
-                global_sol = solve_global(problem, self.solver, self.time_limit, [window.ranges, balanced])
-                note_time("global search", global_sol.seconds)
-                chosen = global_sol
+            op = choose_partition(
+                module, view.parallel, view.candidate_table(), view.duration, capacity, self.settings(), note_time
+            )
         except TesseraError as err:
             raise PassError(f"partition: {err}") from None
-        ranges = chosen.ranges
-        attrs: dict = {
-            "stages": [SymbolRef(names[(s, r)]) for s, r in enumerate(ranges)],
-            "layers_per_stage": [r[1] - r[0] + 1 for r in ranges],
-            "bottleneck_us": chosen.bottleneck,
-            "total_us": chosen.total,
-            "megatron_layout": megatron_layout(ranges),
-            "search": self.search,
-            "solver": self.solver,
-            "window_bottleneck_us": window.bottleneck,
-            "cost_sources": sorted(sources),
-        }
-        if all(r in window_cands[s] for s, r in enumerate(balanced)):
-            attrs["balanced_bottleneck_us"] = problem.evaluate(balanced)[0]
-            attrs["balanced_megatron_layout"] = megatron_layout(balanced)
-        if global_sol is not None:
-            attrs["global_bottleneck_us"] = global_sol.bottleneck
-        for when in ("before", "after"):
-            size = window.stats.get(when)
-            if isinstance(size, dict):
-                attrs[f"milp_variables_{when}"] = size["variables"]
-                attrs[f"milp_constraints_{when}"] = size["constraints"]
-        if problem.memory is not None:
-            attrs["memory_capacity_bytes"] = problem.memory.capacity
-            attrs["memory_peak_bytes"] = [
-                problem.memory.device_bytes(
-                    problem.pp, problem.vpp, d, [ranges[d + c * problem.pp] for c in range(problem.vpp)]
-                )
-                for d in range(problem.pp)
-            ]
-        module.plan.append(PlanOp("partition", "partition", attrs))
+        module.plan.append(op)
         return True
-
-    def build_problem(
-        self, view: PlanView
-    ) -> tuple[PartitionProblem, dict[tuple[int, Range], str], list[list[Range]], set[str]]:
-        """The problem the module's candidates and pairs describe, plus names and the window subset."""
-        parallel = view.parallel
-        stages = parallel.virtual_stages
-        if not view.candidates:
-            raise PassError("partition: the module holds no candidate ops; run the 'candidates' pass first")
-        cands: list[list[Range]] = [[] for _ in range(stages)]
-        window: list[list[Range]] = [[] for _ in range(stages)]
-        by_range: dict[tuple[int, Range], Candidate] = {}
-        for cand in view.candidates:
-            key = (cand.stage, cand.range)
-            if key not in by_range:
-                by_range[key] = cand
-                cands[cand.stage].append(cand.range)
-                if cand.in_window:
-                    window[cand.stage].append(cand.range)
-        sources: set[str] = set()
-        serial_cache: dict[tuple[int, Range, int, Range], float] = {}
-
-        def cost(sf: int, rf: Range, sb: int, rb: Range) -> float:
-            fwd, bwd = by_range[(sf, rf)], by_range[(sb, rb)]
-            pair = view.pair_for(fwd, bwd)
-            found = pair.cost() if pair is not None else None
-            if found is not None:
-                sources.add(found[1])
-                return found[0]
-            sources.add("serial")
-            key = (sf, rf, sb, rb)
-            if key not in serial_cache:
-                serial_cache[key] = view.serial_us(fwd.layers, bwd.layers)
-            return serial_cache[key]
-
-        capacity = self.memory_gib if self.memory_gib is not None else view.hardware.memory_gib
-        # Data parallelism, the distributed optimizer and recomputation are the run's parallel
-        # settings (the module header), not options of this pass.
-        memory = build_memory_spec(view.module, parallel, capacity, MemoryAssumptions(
-            wgrad_headroom=self.wgrad_headroom, reserved_gib=self.reserved_gib
-        ))
-        problem = PartitionProblem(
-            len(view.module.decoder_layers()), parallel.pp, parallel.vpp, [sorted(c) for c in cands],
-            view.meeting_stages(), cost, memory,
-        )
-        names = {key: cand.name for key, cand in by_range.items()}
-        return problem, names, [sorted(w) for w in window], sources
 
 
 def partition_to_json(module: Module) -> dict:

@@ -35,6 +35,7 @@ from functools import cached_property
 from passes.costs.durations import analytic_duration_us, task_duration_us, task_utilisation
 from passes.costs.hardware import DEFAULT_HARDWARE, Hardware, load_hardware
 from passes.costs.pair_costs import ScheduledTask
+from passes.partitioning.candidate_table import CandidateTable
 from passes.partitioning.ranges import Range
 from passes.partitioning.stages import stage_layers
 from passes.pipelining.order import meeting_stages
@@ -551,6 +552,39 @@ class PlanView:
         the combined-1F1B order when expert parallelism is on (``ParallelConfig.combined_1f1b``)."""
         p = self.parallel
         return meeting_stages(p.pp, p.vpp, p.microbatches, p.combined_1f1b)
+
+    def candidate_table(self) -> CandidateTable:
+        """The candidates and pair costs the partition search reads: a pair's ``post_overlap_us``, else
+        its ``makespan``, else (and for meetings without a pair op) the serial sum of its tasks."""
+        stages = self.parallel.virtual_stages
+        ranges: list[list[Range]] = [[] for _ in range(stages)]
+        window: list[list[Range]] = [[] for _ in range(stages)]
+        by_range: dict[tuple[int, Range], Candidate] = {}
+        for cand in self.candidates:
+            key = (cand.stage, cand.range)
+            if key not in by_range:
+                by_range[key] = cand
+                ranges[cand.stage].append(cand.range)
+                if cand.in_window:
+                    window[cand.stage].append(cand.range)
+        sources: set[str] = set()
+        serial_cache: dict[tuple[int, Range, int, Range], float] = {}
+
+        def cost(sf: int, rf: Range, sb: int, rb: Range) -> float:
+            fwd, bwd = by_range[(sf, rf)], by_range[(sb, rb)]
+            pair = self.pair_for(fwd, bwd)
+            found = pair.cost() if pair is not None else None
+            if found is not None:
+                sources.add(found[1])
+                return found[0]
+            sources.add("serial")
+            key = (sf, rf, sb, rb)
+            if key not in serial_cache:
+                serial_cache[key] = self.serial_us(fwd.layers, bwd.layers)
+            return serial_cache[key]
+
+        names = {key: cand.name for key, cand in by_range.items()}
+        return CandidateTable([sorted(r) for r in ranges], [sorted(w) for w in window], names, cost, sources)
 
     def meetings(self) -> dict[int, list[Meeting]]:
         """Per device, what meets in its steady state under the chosen partition (empty before partition)."""

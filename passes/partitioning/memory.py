@@ -36,13 +36,14 @@ Assumptions (the partition pass documents and reports them):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from passes.partitioning.ranges import Range
 from passes.pipelining.order import rank_order
 from tessera_ir.kinds import LayerRole, Phase, TaskOp
-from tessera_ir.model import Layer, Module
+from tessera_ir.model import Layer, Module, Task
 from tessera_ir.parallel import ParallelConfig
 
 GIB = 2**30
@@ -89,6 +90,15 @@ def layer_static_bytes(layer: Layer, parallel: ParallelConfig, assumptions: Memo
 def layer_activation_bytes(layer: Layer) -> int:
     """Activation bytes one micro-batch of ``layer``'s forward keeps alive for its backward."""
     return sum(t.act_bytes for t in layer.tasks if t.phase is Phase.FWD)
+
+
+def output_gradient_bytes(tasks: Mapping[str, Task], wgrad: str, dtype_bytes: int) -> int:
+    """Bytes of the output gradient the weight gradient ``wgrad`` (a task name) consumes: its forward
+    task's output (the last of its ``shapes``) in the training dtype; 0 when it has no forward task."""
+    fwd = tasks.get(wgrad.rsplit(".", 1)[0] + ".fwd")
+    if fwd is None or not fwd.shapes:
+        return 0
+    return math.prod(fwd.shapes[-1]) * dtype_bytes
 
 
 def inflight_vectors(pp: int, vpp: int, microbatches: int, device: int, combined: bool = False) -> list[tuple[int, ...]]:

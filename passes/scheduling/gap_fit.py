@@ -52,8 +52,9 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from passes.scheduling.baselines import fixed_template
+from passes.scheduling.check import ScheduleError, check_pair_schedule
 from passes.scheduling.pair_dag import BWD, PairDAG
-from passes.scheduling.schedule import RESOURCES, PairSchedule, SchedulingError
+from passes.scheduling.schedule import RESOURCES, PairSchedule, SchedulingError, left_shift, priority_order
 
 
 def _load_search() -> ModuleType:
@@ -139,6 +140,25 @@ def gap_fit(dag: PairDAG, effort: SearchEffort = DEFAULT_EFFORT) -> PairSchedule
         initial.append(fixed_template(dag).start)
     except SchedulingError:
         pass  # the DAG lacks the layer structure the template assumes
+    if any(t.movable and t.deadline is not None for t in dag.tasks):
+        # The backward side alone, each stream in DAG order, the forward after it: it meets every
+        # deadline no earlier than that side's own finishes (what wgrad-deadlines guarantees), so
+        # the search starts from a schedule that meets them where its greedy rules may not.
+        # Only where that order is topological (no backward task waits for a forward one, as in
+        # every pair a plan builds), the result checks out, and no task takes no time: the search
+        # reads a given schedule back as one order per stream, sorted by start, which ties between
+        # zero-length tasks could scramble.
+        order = sorted(range(len(dag.tasks)), key=lambda i: (dag.tasks[i].side != BWD, i))
+        rank = {i: k for k, i in enumerate(order)}
+        if all(t.duration > 0 for t in dag.tasks) and all(
+            rank[d] < rank[i] for i, t in enumerate(dag.tasks) for d in t.deps
+        ):
+            start = left_shift(dag, [float(rank[i]) for i in range(len(dag.tasks))])
+            try:
+                check_pair_schedule(PairSchedule(dag, start, "backward-first"), prove=False)
+                initial.append(start)
+            except ScheduleError:
+                pass
     durations, streams, deps = native_arrays(dag)
     try:
         start, stats = _search.search(
@@ -155,7 +175,30 @@ def gap_fit(dag: PairDAG, effort: SearchEffort = DEFAULT_EFFORT) -> PairSchedule
             f"no schedule of pair '{dag.name}' meets the deadlines of its movable tasks ({err}); "
             "relax the deadlines (they are microseconds from the start of the pair)"
         ) from None
-    return PairSchedule(dag, list(start), "gap-fit", solve_seconds=time.perf_counter() - t0, stats=dict(stats))
+    found = PairSchedule(dag, list(start), "gap-fit", solve_seconds=time.perf_counter() - t0, stats=dict(stats))
+    try:
+        check_pair_schedule(found, prove=False)
+    except ScheduleError:
+        # Tasks that take no time can tie with their dependencies in the search's stream orders
+        # (it orders by start); re-time the schedule in a dependency order that follows it.
+        found.start = _retimed_in_dependency_order(dag, found.start)
+        check_pair_schedule(found, prove=False)
+    return found
+
+
+def _retimed_in_dependency_order(dag: PairDAG, start: list[float]) -> list[float]:
+    """Each task as early as its dependencies and its stream allow, taken in the dependency order
+    that picks the ready task the given ``start`` times run first."""
+    order = priority_order(
+        [t.name for t in dag.tasks], [-x for x in start], [t.deps for t in dag.tasks]
+    )
+    free = {r: 0.0 for r in RESOURCES}
+    out = [0.0] * len(dag.tasks)
+    for i in order:
+        task = dag.tasks[i]
+        out[i] = max([free[task.resource]] + [out[d] + dag.tasks[d].duration for d in task.deps])
+        free[task.resource] = out[i] + task.duration
+    return out
 
 
 SCHEDULER_VERSION = _version()

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from passes.scheduling.pair_dag import PairDAG
 from tessera_ir.errors import TesseraError
 from tessera_ir.kinds import Resource
+from tessera_ir.model import PlanEntry, PlanOp, SymbolRef
 
 # Floating-point slack when comparing times: 1e-9 µs is far below any duration
 # the cost model produces, and far above the rounding error of summed floats.
@@ -132,3 +133,32 @@ def priority_order(names: Sequence[str], key: Sequence[float], preds: Sequence[S
             if missing[s] == 0:
                 heapq.heappush(heap, (-key[s], names[s], s))
     return out
+
+
+def schedule_op(schedule: PairSchedule, name: str, pairs: list[str], verified: bool) -> PlanOp:
+    """The ``pair_schedule`` plan op of a schedule; entries in DAG order."""
+    dag = schedule.dag
+    attrs: dict = {
+        "method": schedule.method,
+        "makespan": schedule.makespan,
+        "lower_bound": dag.lower_bound(),
+        # makespan / lower bound: 1.0 means provably optimal, more says how far it may be from it
+        "bound_ratio": schedule.makespan / dag.lower_bound() if dag.lower_bound() > 0 else 1.0,
+        "serial": dag.serial_time(),
+        "tasks": len(dag.tasks),
+        "pairs": [SymbolRef(p) for p in pairs],
+        "verified": verified,
+    }
+    if schedule.method == "exact":
+        attrs["status"] = schedule.status
+        if schedule.bound is not None:
+            attrs["proven_bound"] = schedule.bound  # what the solver proved no schedule beats
+    order = schedule.order_of()
+    entries = [
+        PlanEntry(
+            t.name,
+            {"start": schedule.start[i], "duration": t.duration, "stream": t.resource.value, "order": order[i]},
+        )
+        for i, t in enumerate(dag.tasks)
+    ]
+    return PlanOp("pair_schedule", name, attrs, entries)

@@ -34,7 +34,6 @@ hardware file without these figures uses the inter-node All-to-All bandwidth and
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -42,7 +41,12 @@ from typing import Any, Protocol
 from passes.costs.contention import ContentionParams, retime
 from passes.costs.hardware import Hardware
 from passes.costs.pair_costs import ScheduledTask, contended_tasks
-from passes.partitioning.memory import MemoryAssumptions, layer_activation_bytes, layer_static_bytes
+from passes.partitioning.memory import (
+    MemoryAssumptions,
+    layer_activation_bytes,
+    layer_static_bytes,
+    output_gradient_bytes,
+)
 from passes.partitioning.ranges import Range, balanced_partition
 from passes.partitioning.stages import serially_balanced
 from passes.pipelining.order import rank_order
@@ -243,8 +247,7 @@ class SimulationBuilder:
         fwd = self.tasks.get(wgrad.name.rsplit(".", 1)[0] + ".fwd")
         if fwd is None:
             return 0
-        output = math.prod(fwd.shapes[-1]) * self.parallel.dtype_bytes if fwd.shapes else 0
-        return fwd.act_bytes + output
+        return fwd.act_bytes + output_gradient_bytes(self.tasks, wgrad.name, self.parallel.dtype_bytes)
 
     # ------------------------------------------------------------------ the whole input
 
