@@ -47,11 +47,13 @@ Modes:
     (``cost_source = "cache"``).
 
     On CPU (``normalise``, on by default) every repeat runs between two readings of the
-    calibration's reference kernel (``calibrate_cpu.reference_tasks``) and is scaled by the
-    reference's calibrated time over the mean of those readings: a shared machine's speed
-    drifts by up to 2x over seconds, and the prediction is priced at the calibrated speed.
-    ``raw_measured_us`` is the unscaled reading, ``speed_ratio`` the median of reference now /
-    reference at calibration, and ``spread_us`` is over the scaled repeats.
+    calibration's reference kernel (``calibrate_cpu.reference_tasks``), pair and reference
+    each on buffers allocated and warmed once, and the pair's cost is the ``statistic`` of the
+    raw repeats times the reference's calibrated time over the same statistic of the readings:
+    a shared machine's speed drifts by up to 2x over seconds, and the prediction is priced at
+    the calibrated speed. ``raw_measured_us`` is the unscaled reading, ``speed_ratio`` the
+    median of reference now / reference at calibration, and ``spread_us`` is over the repeats
+    each scaled by its own two readings.
 
 ``cache-only``
     Like ``measured`` but never executes: a pair whose measurement is not cached (or a
@@ -350,12 +352,17 @@ class ProfilePass(ModulePass):
                 if reference is not None:
                     n = measure_normalised(executor, execs, self.repeats, reference_tasks(reference), float(reference["us"]))  # type: ignore[arg-type]
                     m = n.measurement
-                    extra.update(raw_samples_us=list(n.raw_us), speed_ratios=list(n.ratios))
+                    median_us, min_us = n.at_reference_speed("median"), n.at_reference_speed("min")
+                    extra.update(
+                        raw_samples_us=list(n.raw_us), speed_ratios=list(n.ratios),
+                        reference_readings_us=list(n.reference_readings_us),
+                    )
                 else:
                     m = executor.measure(execs, repeats=self.repeats)
+                    median_us, min_us = m.median_us, m.min_us
                     extra["task_us"] = m.task_us
                 cache.put(CacheEntry(
-                    key=key, measured_us=m.median_us, min_us=m.min_us, samples_us=list(m.samples_us), spread_us=m.spread_us,
+                    key=key, measured_us=median_us, min_us=min_us, samples_us=list(m.samples_us), spread_us=m.spread_us,
                     repeats=m.repeats, device=executor.description, versions=versions,
                     signature=signature(execs, executor.world_size), method=m.method, extra=extra,
                 ))
