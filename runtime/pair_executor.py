@@ -365,33 +365,38 @@ class _Schedule:
 
 def _measure_in_rank(
     tasks: list[ExecTask], repeats: int, warmup: int, world: int, device: torch.device,
-    reference: list[ExecTask] | None = None,
+    reference: list[ExecTask] | None = None, reference_runs: int = 1,
 ) -> tuple[list[float], dict[str, list[float]], dict[str, list[float]], list[float]]:
     """Warm-up runs, then ``repeats`` timed runs, all on buffers allocated once: a timed run never
     pays for first touching its memory (page faults on fresh allocations cost more than a
     memory-bound task itself on CPU), as a training step reusing its allocator's memory does not.
     With ``reference``, its chain runs (on its own buffers) in every warm-up, before the first
-    repeat and after every repeat, so each repeat lies between two readings of it."""
+    repeat and after every repeat, so each repeat lies between two readings of it; a reading is
+    the mean of ``reference_runs`` runs back to back (a reading as long as the pair meets the
+    same share of other work's interruptions as the pair does)."""
     pair = _Schedule(tasks, world, device)
     ref = _Schedule(reference, world, device) if reference else None
     samples: list[float] = []
     per_task: dict[str, list[float]] = {t.name: [] for t in tasks}
     per_end: dict[str, list[float]] = {t.name: [] for t in tasks}
     readings: list[float] = []
+
+    def read_reference() -> None:
+        if ref is not None:
+            readings.append(sum(ref.run()[0] for _ in range(reference_runs)) / reference_runs * 1e6)
+
     for _ in range(warmup):
         if ref is not None:
             ref.run()
         pair.run()
-    if ref is not None:
-        readings.append(ref.run()[0] * 1e6)
+    read_reference()
     for _ in range(repeats):
         elapsed, task_s, end_s = pair.run()
         samples.append(elapsed * 1e6)
         for name, s in task_s.items():
             per_task[name].append(s * 1e6)
             per_end[name].append(end_s[name] * 1e6)
-        if ref is not None:
-            readings.append(ref.run()[0] * 1e6)
+        read_reference()
     return samples, per_task, per_end, readings
 
 
@@ -419,8 +424,8 @@ def _worker(rank: int, world: int, init_file: str, conns: list, threads: int, de
             if message[0] == "stop":
                 break
             try:
-                _, tasks, repeats, warmup, reference = message
-                conn.send(("ok", _measure_in_rank(tasks, repeats, warmup, world, device, reference)))
+                _, tasks, repeats, warmup, reference, reference_runs = message
+                conn.send(("ok", _measure_in_rank(tasks, repeats, warmup, world, device, reference, reference_runs)))
             except BaseException:  # noqa: BLE001 - the parent reports it
                 conn.send(("error", traceback.format_exc()))
     finally:
@@ -551,15 +556,19 @@ class PairExecutor:
         return payload
 
     def measure(
-        self, tasks: Sequence[ExecTask], repeats: int = 5, warmup: int = 1, reference: Sequence[ExecTask] | None = None
+        self, tasks: Sequence[ExecTask], repeats: int = 5, warmup: int = 1, reference: Sequence[ExecTask] | None = None,
+        reference_runs: int = 1,
     ) -> PairMeasurement:
         """Run the pair ``warmup + repeats`` times on every rank; return the timed repeats.
 
         ``reference``: a second chain (say a calibration's reference kernel) run before the first
-        repeat and after each one, on its own warm buffers; its times are ``reference_us``.
+        repeat and after each one, on its own warm buffers; its times are ``reference_us``, each
+        the mean of ``reference_runs`` runs back to back.
         """
         if repeats < 1:
             raise PairExecutionError(f"repeats must be at least 1, got {repeats}")
+        if reference_runs < 1:
+            raise PairExecutionError(f"reference_runs must be at least 1, got {reference_runs}")
         tasks = list(tasks)
         validate_pair(tasks)
         ref = list(reference) if reference else None
@@ -568,7 +577,7 @@ class PairExecutor:
         if self._context is None:
             self.start()
         for conn in self._conns:
-            conn.send(("run", tasks, repeats, warmup, ref))
+            conn.send(("run", tasks, repeats, warmup, ref, reference_runs))
         results = [self._receive(rank, f"executing a pair of {len(tasks)} tasks") for rank in range(self.world_size)]
         samples = tuple(max(per_rank[0][i] for per_rank in results) for i in range(repeats))
         readings = tuple(max(per_rank[3][i] for per_rank in results) for i in range(len(results[0][3])))

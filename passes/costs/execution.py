@@ -128,8 +128,13 @@ class NormalisedMeasurement:
         return pick(self.raw_us) * self.reference_us / pick(self.reference_readings_us)
 
 
+# The most reference runs one reading takes (a reading as long as a pair of ~100 references).
+MAX_REFERENCE_RUNS = 100
+
+
 def measure_normalised(
-    executor: PairExecutor, tasks: list[ExecTask], repeats: int, reference: list[ExecTask], reference_us: float
+    executor: PairExecutor, tasks: list[ExecTask], repeats: int, reference: list[ExecTask], reference_us: float,
+    predicted_us: float = 0.0,
 ) -> NormalisedMeasurement:
     """Time ``tasks`` ``repeats`` times, each repeat right between two readings of the reference
     kernel, and scale each repeat by ``reference_us`` over the mean of its two readings.
@@ -140,8 +145,14 @@ def measure_normalised(
     the reference run on buffers allocated and warmed once, as the calibration reads the
     reference: a reading on fresh buffers pays first-touch page faults (several times the
     reference's warm time on this kind of machine), which would bias every ratio.
+
+    A reading runs the reference back to back until it lasts about the pair's ``predicted_us``:
+    other work interrupts a process every few milliseconds, so a 1 ms reference often runs
+    untouched where a 30 ms pair never does, and its fastest reading would say the machine is
+    faster than the pair could find it.
     """
-    m = executor.measure(tasks, repeats=repeats, warmup=1, reference=reference)
+    runs = max(1, min(MAX_REFERENCE_RUNS, round(predicted_us / reference_us))) if reference_us > 0 else 1
+    m = executor.measure(tasks, repeats=repeats, warmup=1, reference=reference, reference_runs=runs)
     refs = m.reference_us
     raw = m.samples_us
     ratios = [(refs[i] + refs[i + 1]) / 2.0 / reference_us for i in range(repeats)]

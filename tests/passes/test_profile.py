@@ -265,7 +265,7 @@ class CountingExecutor:
     def _time(tasks) -> float:  # noqa: ANN001
         return (10.0 + sum(t.flops for t in tasks) / 1e6 + sum(t.bytes for t in tasks) / 1e6) * CountingExecutor.slowdown
 
-    def measure(self, tasks, repeats: int = 5, warmup: int = 1, reference=None) -> PairMeasurement:  # noqa: ANN001
+    def measure(self, tasks, repeats: int = 5, warmup: int = 1, reference=None, reference_runs: int = 1) -> PairMeasurement:  # noqa: ANN001, E501
         if warmup and not all(t.name.startswith("ref.") for t in tasks):
             CountingExecutor.calls.append(list(tasks))
         base = self._time(tasks)
