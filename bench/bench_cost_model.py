@@ -88,6 +88,13 @@ def add_pairs(module, prefix: str) -> list[tuple[str, PlanOpType]]:  # noqa: ANN
     return out
 
 
+def print_table(header: str, lines: list[str]) -> None:
+    print(header)
+    print("-" * len(header))
+    for line in lines:
+        print(line)
+
+
 def task_label(e: ExecTaskType) -> str:
     """What the executor runs for a task: a GEMM's dimensions, a copy's or an All-to-All's bytes."""
     if e.resource == "comm":
@@ -268,14 +275,12 @@ def main() -> int:
         "repeat between two reference-kernel readings and scaled to the calibrated speed; raw = the same repeats "
         "unscaled; speed = reference now / at calibration; spread = max - min of the scaled repeats)"
     )
-    print(header)
-    print("-" * len(header))
-    for r in rows:
-        print(
-            f"{r['source']:15} {r['combination']:14} {r['serial_us']:9.0f} {r['naive_us']:9.0f} {r['predicted_us']:10.0f} "
-            f"{r['measured_us']:9.0f} {r['raw_measured_us']:9.0f} {r['speed_ratio']:6.2f} {r['spread_us']:8.0f} "
-            f"{r['naive_error']:+9.1%} {r['contention_error']:+9.1%} {r['raw_contention_error']:+9.1%}"
-        )
+    print_table(header, [
+        f"{r['source']:15} {r['combination']:14} {r['serial_us']:9.0f} {r['naive_us']:9.0f} {r['predicted_us']:10.0f} "
+        f"{r['measured_us']:9.0f} {r['raw_measured_us']:9.0f} {r['speed_ratio']:6.2f} {r['spread_us']:8.0f} "
+        f"{r['naive_error']:+9.1%} {r['contention_error']:+9.1%} {r['raw_contention_error']:+9.1%}"
+        for r in rows
+    ])
     summaries = {"all": summary(rows)}
     for source, _, _ in sources:
         summaries[source] = summary([r for r in rows if r["source"] == source])
@@ -295,14 +300,11 @@ def main() -> int:
             f"\nevery distinct task of the pairs run alone (µs at the executed size, {args.statistic} of {repeats} "
             "repeats of its own duration, scaled to the calibrated speed) against its analytic isolated duration"
         )
-        head = f"{'source':15} {'executed as':26} {'predicted':>9} {'measured':>9} {'error':>7} {'GFLOP/s':>7}  IR tasks"
-        print(head)
-        print("-" * len(head))
-        for t in task_rows:
-            print(
-                f"{t['source']:15} {t['task']:26} {t['predicted_us']:9.0f} {t['measured_us']:9.0f} {t['error']:+7.1%} "
-                f"{t['gflops']:7.1f}  {', '.join(t['kinds'])}"
-            )
+        print_table(f"{'source':15} {'executed as':26} {'predicted':>9} {'measured':>9} {'error':>7} {'GFLOP/s':>7}  IR tasks", [
+            f"{t['source']:15} {t['task']:26} {t['predicted_us']:9.0f} {t['measured_us']:9.0f} {t['error']:+7.1%} "
+            f"{t['gflops']:7.1f}  {', '.join(t['kinds'])}"
+            for t in task_rows
+        ])
         print("\nby kernel class: sum of predicted / sum of measured, mean absolute error")
         for source, _, _ in sources:
             for cls in ("gemm", "copy", "all_to_all"):
