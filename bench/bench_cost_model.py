@@ -155,6 +155,22 @@ def per_task_rows(
     return list(seen.values())
 
 
+def reference_first_touch(hw, executor, runs: int) -> dict[str, float]:  # noqa: ANN001
+    """The reference kernel read as the normalisation reads it (warm buffers, several runs in one
+    call) and as it once read it (one run on freshly allocated buffers per call), side by side."""
+    from passes.costs.calibrate_cpu import reference_tasks
+
+    spec = hw.extra["reference"]
+    assert isinstance(spec, dict)
+    reference = reference_tasks(spec)
+    warm = executor.measure(reference, repeats=runs, warmup=1).samples_us
+    cold = [executor.measure(reference, repeats=1, warmup=0).samples_us[0] for _ in range(runs)]
+    return {
+        "calibrated_us": float(spec["us"]), "warm_min_us": min(warm), "warm_median_us": statistics.median(warm),
+        "cold_min_us": min(cold), "cold_median_us": statistics.median(cold),
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="quick calibration and 3 repeats (a smoke run)")
@@ -202,6 +218,7 @@ def main() -> int:
     ]
     rows = []
     task_rows: list[dict] = []
+    first_touch: dict[str, float] | None = None
     for source, spec, overrides in sources:
         module = frontend.capture(str(ROOT / spec) if spec.endswith(".py") else spec, overrides=overrides)
         pairs = add_pairs(module, f"pair.{source}")
@@ -224,6 +241,8 @@ def main() -> int:
 
             print(f"timing every distinct task of the {source} pairs alone ...", file=sys.stderr)
             with PairExecutor(world_size=2) as executor:
+                if first_touch is None:
+                    first_touch = reference_first_touch(hw, executor, 2 * repeats + 1)
                 task_rows += per_task_rows(source, module, hw, executor, repeats, args.statistic)
         for label, op in pairs:
             readings = [rd[op.name] for rd in per_round]
@@ -295,6 +314,14 @@ def main() -> int:
             f"{s['contention_mean_error']:10.1%} {s['contention_p95_error']:10.1%} "
             f"{s['raw_contention_mean_error']:9.1%} {s['raw_contention_p95_error']:9.1%}"
         )
+    if first_touch is not None:
+        ft = first_touch
+        print(
+            f"\nreference kernel (calibrated {ft['calibrated_us']:.0f} µs): on warm buffers min {ft['warm_min_us']:.0f}, "
+            f"median {ft['warm_median_us']:.0f} µs; one run on fresh buffers per call min {ft['cold_min_us']:.0f}, "
+            f"median {ft['cold_median_us']:.0f} µs (x{ft['cold_median_us'] / ft['warm_median_us']:.2f}: first-touch page "
+            "faults, what single cold readings once divided every measurement by)"
+        )
     if task_rows:
         print(
             f"\nevery distinct task of the pairs run alone (µs at the executed size, {args.statistic} of {repeats} "
@@ -347,6 +374,7 @@ def main() -> int:
             "summary": summaries,
             "rows": rows,
             "tasks": task_rows,
+            "reference_first_touch": first_touch,
             "cpu_hardware": hw_json,
         }, indent=1, default=str) + "\n")
         print(f"wrote {RESULTS / 'cost_model.csv'} and {RESULTS / 'cost_model.json'}", file=sys.stderr)

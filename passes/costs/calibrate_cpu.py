@@ -55,6 +55,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from passes.costs.calibration_cache import STATISTICS, WORLD_SIZE, calibration_path
+from passes.costs.execution import MAX_REFERENCE_RUNS
 from passes.costs.hardware import Hardware, load_hardware
 from passes.costs.profile_cache import software_versions
 from runtime.pair_executor import ExecTask, PairExecutor, PairMeasurement, cpu_model_name
@@ -83,7 +84,8 @@ REFERENCE: dict[str, object] = {"gemm_n": 256, "copy_bytes": 8 << 20}
 
 class _AtReferenceSpeed:
     """The executor as calibration uses it: the reference kernel is read before a measurement's
-    first repeat and after every repeat (on warm buffers, as its calibrated time was read), and
+    first repeat and after every repeat (on warm buffers, as its calibrated time was read; each
+    reading as many runs back to back as make one repeat's length), and
     all the measurement's times are scaled by the reference's calibrated time over the
     ``statistic`` of those readings (the machine's speed at that moment, read as the calibrated
     time was)."""
@@ -95,7 +97,11 @@ class _AtReferenceSpeed:
         self.pick = min if statistic == "min" else statistics.median
 
     def measure(self, tasks: list[ExecTask], repeats: int = 5, warmup: int = 1) -> PairMeasurement:
-        m = self.executor.measure(tasks, repeats=repeats, warmup=warmup, reference=self.reference)
+        # Each reading as long as one repeat (the reference back to back): a reading much shorter
+        # than the benchmark often runs untouched by other work where the benchmark does not.
+        length = self.executor.measure(tasks, repeats=1, warmup=1).samples_us[0]
+        runs = max(1, min(MAX_REFERENCE_RUNS, round(length / self.reference_us)))
+        m = self.executor.measure(tasks, repeats=repeats, warmup=warmup, reference=self.reference, reference_runs=runs)
         factor = self.reference_us / self.pick(m.reference_us)
 
         def scaled(times: dict[str, float]) -> dict[str, float]:
