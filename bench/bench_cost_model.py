@@ -6,15 +6,22 @@ factor per model), pairs of every forward x backward layer-kind combination
 are profiled with ``profile{mode=measured}``: each pair's schedule runs for
 real on two gloo processes, beside the analytic prediction for the calibrated
 ``cpu`` hardware on the same work. Every repeat of a pair runs between two
-readings of the calibration's reference kernel, and is scaled by the reference's
-calibrated time over the mean of those readings (the machine's speed drifts by up
-to 2x over seconds when others share it). Compared in the same run:
+readings of the calibration's reference kernel (each reading the reference back to
+back for about the pair's length, on warm buffers), and the pair's time is scaled by
+the reference's calibrated time over the same statistic of those readings (the
+machine's speed drifts by up to 2x over seconds when others share it). Compared in
+the same run:
 
 - ``naive``: the schedule of isolated durations (no contention), against the
   normalised measurement;
 - ``contention``: the same schedule re-timed by the contention model, against the
   normalised measurement (the cost model as profiling uses it) and against the raw one
   (what measuring without the reference kernel would report).
+
+Then every distinct task of the pairs runs alone (at the pairs' scale, between reference
+readings) against its analytic isolated duration, by kernel class, so a pair's error can be
+traced to its tasks or to how they overlap; and the reference kernel is read on warm buffers
+beside single runs on fresh ones (first-touch page faults, which once biased every reading).
 
 The mark on this CPU: at most 10% mean and 25% p95 absolute error of the contention
 model over the bench's pairs in one run (published on H100/H200: ~5% mean, 15% tail).
