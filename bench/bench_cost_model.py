@@ -6,15 +6,22 @@ factor per model), pairs of every forward x backward layer-kind combination
 are profiled with ``profile{mode=measured}``: each pair's schedule runs for
 real on two gloo processes, beside the analytic prediction for the calibrated
 ``cpu`` hardware on the same work. Every repeat of a pair runs between two
-readings of the calibration's reference kernel, and is scaled by the reference's
-calibrated time over the mean of those readings (the machine's speed drifts by up
-to 2x over seconds when others share it). Compared in the same run:
+readings of the calibration's reference kernel (each reading the reference back to
+back for about the pair's length, on warm buffers), and the pair's time is scaled by
+the reference's calibrated time over the same statistic of those readings (the
+machine's speed drifts by up to 2x over seconds when others share it). Compared in
+the same run:
 
 - ``naive``: the schedule of isolated durations (no contention), against the
   normalised measurement;
 - ``contention``: the same schedule re-timed by the contention model, against the
   normalised measurement (the cost model as profiling uses it) and against the raw one
   (what measuring without the reference kernel would report).
+
+Then every distinct task of the pairs runs alone (at the pairs' scale, between reference
+readings) against its analytic isolated duration, by kernel class, so a pair's error can be
+traced to its tasks or to how they overlap; and the reference kernel is read on warm buffers
+beside single runs on fresh ones (first-touch page faults, which once biased every reading).
 
 The mark on this CPU: at most 10% mean and 25% p95 absolute error of the contention
 model over the bench's pairs in one run (published on H100/H200: ~5% mean, 15% tail).
@@ -45,6 +52,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from runtime.pair_executor import ExecTask as ExecTaskType
     from tessera_ir.model import PlanOp as PlanOpType
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,6 +95,89 @@ def add_pairs(module, prefix: str) -> list[tuple[str, PlanOpType]]:  # noqa: ANN
     return out
 
 
+def print_table(header: str, lines: list[str]) -> None:
+    print(header)
+    print("-" * len(header))
+    for line in lines:
+        print(line)
+
+
+def task_label(e: ExecTaskType) -> str:
+    """What the executor runs for a task: a GEMM's dimensions, a copy's or an All-to-All's bytes."""
+    if e.resource == "comm":
+        return f"all_to_all {e.bytes / 1e3:.1f} kB"
+    if e.shapes:
+        (m, k), (_, n) = e.shapes
+        return f"gemm {m}x{k}x{n}"
+    return f"copy {e.bytes / 1e3:.1f} kB"
+
+
+def per_task_rows(
+    source: str, module, hw, executor, repeats: int, statistic: str,  # noqa: ANN001
+) -> list[dict]:
+    """Every distinct task of the module's profiled pairs, run alone on the executor (at the scale the
+    pairs ran at, between reference-kernel readings), against its analytic isolated duration.
+
+    A task's reading is its own duration on its stream (not the single-task pair's wall time,
+    which adds the executor's fixed cost per pair), the ``statistic`` over ranks and repeats,
+    times the reference's calibrated time over the same statistic of the readings around it."""
+    from dataclasses import replace
+
+    from passes.costs.calibrate_cpu import reference_tasks
+    from passes.costs.durations import analytic_duration_us
+    from passes.costs.execution import MAX_REFERENCE_RUNS, exec_tasks
+    from passes.plan_view import PlanView
+    from runtime.pair_executor import executed_work
+
+    target = PlanView(module)
+    view = PlanView(module, device=hw, parallel=replace(target.parallel, dtype="fp32", ep=executor.world_size))
+    scale = float(module.attrs["profile_scale"])
+    spec = hw.extra["reference"]
+    assert isinstance(spec, dict)
+    reference, reference_us = reference_tasks(spec), float(spec["us"])
+    pick = min if statistic == "min" else statistics.median
+    seen: dict[tuple, dict] = {}
+    for pair in view.pairs:
+        items = view.scheduled_tasks(pair)
+        for e, item in zip(exec_tasks(items, scale, "fp32", hw, view.parallel), items):
+            key = (e.resource, e.flops, e.bytes, tuple(e.shapes))
+            kind = item.task.kind
+            if key in seen:
+                if kind not in seen[key]["kinds"]:
+                    seen[key]["kinds"].append(kind)
+                continue
+            flops, nbytes = executed_work(e, executor.world_size)
+            executed = replace(item.task, flops=flops, bytes=nbytes, attrs={})
+            predicted = analytic_duration_us(executed, hw, replace(view.parallel, dtype="fp32"))
+            alone = replace(e, deps=(), order=0)
+            runs = max(1, min(MAX_REFERENCE_RUNS, round(predicted / reference_us)))  # as long as the task
+            m = executor.measure([alone], repeats=repeats, warmup=1, reference=reference, reference_runs=runs)
+            own = m.task_min_us[alone.name] if statistic == "min" else m.task_us[alone.name]
+            measured = own * reference_us / pick(m.reference_us)
+            seen[key] = {
+                "source": source, "task": task_label(e), "kinds": [kind], "resource": e.resource,
+                "predicted_us": predicted, "measured_us": measured, "error": (predicted - measured) / measured,
+                "gflops": flops / measured / 1e3 if flops else 0.0,
+            }
+    return list(seen.values())
+
+
+def reference_first_touch(hw, executor, runs: int) -> dict[str, float]:  # noqa: ANN001
+    """The reference kernel read as the normalisation reads it (warm buffers, several runs in one
+    call) and as it once read it (one run on freshly allocated buffers per call), side by side."""
+    from passes.costs.calibrate_cpu import reference_tasks
+
+    spec = hw.extra["reference"]
+    assert isinstance(spec, dict)
+    reference = reference_tasks(spec)
+    warm = executor.measure(reference, repeats=runs, warmup=1).samples_us
+    cold = [executor.measure(reference, repeats=1, warmup=0).samples_us[0] for _ in range(runs)]
+    return {
+        "calibrated_us": float(spec["us"]), "warm_min_us": min(warm), "warm_median_us": statistics.median(warm),
+        "cold_min_us": min(cold), "cold_median_us": statistics.median(cold),
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="quick calibration and 3 repeats (a smoke run)")
@@ -94,6 +185,7 @@ def main() -> int:
     ap.add_argument("--target-ms", type=float, default=30.0, help="predicted serial time of each model's largest pair")
     ap.add_argument("--cache-dir", default=None, help="reuse a profile cache (default: a fresh temporary one)")
     ap.add_argument("--no-save", action="store_true")
+    ap.add_argument("--no-tasks", action="store_true", help="skip timing every distinct task of the pairs alone")
     ap.add_argument("--rounds", type=int, default=1, help="times every pair is executed afresh (each with its repeats)")
     ap.add_argument(
         "--statistic", choices=["min", "median"], default="median",
@@ -132,6 +224,8 @@ def main() -> int:
         ("qwen3_next_80b", "hf:qwen3_next", {"ep": 8, "pp": 8, "vpp": 2}),
     ]
     rows = []
+    task_rows: list[dict] = []
+    first_touch: dict[str, float] | None = None
     for source, spec, overrides in sources:
         module = frontend.capture(str(ROOT / spec) if spec.endswith(".py") else spec, overrides=overrides)
         pairs = add_pairs(module, f"pair.{source}")
@@ -149,6 +243,14 @@ def main() -> int:
             )
             PassManager(parse_pipeline(pipeline)).run(module)
             per_round.append({op.name: dict(op.attrs) for _, op in pairs})
+        if not args.no_tasks:
+            from runtime.pair_executor import PairExecutor
+
+            print(f"timing every distinct task of the {source} pairs alone ...", file=sys.stderr)
+            with PairExecutor(world_size=2) as executor:
+                if first_touch is None:
+                    first_touch = reference_first_touch(hw, executor, 2 * repeats + 1)
+                task_rows += per_task_rows(source, module, hw, executor, repeats, args.statistic)
         for label, op in pairs:
             readings = [rd[op.name] for rd in per_round]
             a = readings[0]
@@ -199,14 +301,12 @@ def main() -> int:
         "repeat between two reference-kernel readings and scaled to the calibrated speed; raw = the same repeats "
         "unscaled; speed = reference now / at calibration; spread = max - min of the scaled repeats)"
     )
-    print(header)
-    print("-" * len(header))
-    for r in rows:
-        print(
-            f"{r['source']:15} {r['combination']:14} {r['serial_us']:9.0f} {r['naive_us']:9.0f} {r['predicted_us']:10.0f} "
-            f"{r['measured_us']:9.0f} {r['raw_measured_us']:9.0f} {r['speed_ratio']:6.2f} {r['spread_us']:8.0f} "
-            f"{r['naive_error']:+9.1%} {r['contention_error']:+9.1%} {r['raw_contention_error']:+9.1%}"
-        )
+    print_table(header, [
+        f"{r['source']:15} {r['combination']:14} {r['serial_us']:9.0f} {r['naive_us']:9.0f} {r['predicted_us']:10.0f} "
+        f"{r['measured_us']:9.0f} {r['raw_measured_us']:9.0f} {r['speed_ratio']:6.2f} {r['spread_us']:8.0f} "
+        f"{r['naive_error']:+9.1%} {r['contention_error']:+9.1%} {r['raw_contention_error']:+9.1%}"
+        for r in rows
+    ])
     summaries = {"all": summary(rows)}
     for source, _, _ in sources:
         summaries[source] = summary([r for r in rows if r["source"] == source])
@@ -221,6 +321,32 @@ def main() -> int:
             f"{s['contention_mean_error']:10.1%} {s['contention_p95_error']:10.1%} "
             f"{s['raw_contention_mean_error']:9.1%} {s['raw_contention_p95_error']:9.1%}"
         )
+    if first_touch is not None:
+        ft = first_touch
+        print(
+            f"\nreference kernel (calibrated {ft['calibrated_us']:.0f} µs): on warm buffers min {ft['warm_min_us']:.0f}, "
+            f"median {ft['warm_median_us']:.0f} µs; one run on fresh buffers per call min {ft['cold_min_us']:.0f}, "
+            f"median {ft['cold_median_us']:.0f} µs (x{ft['cold_median_us'] / ft['warm_median_us']:.2f}: first-touch page "
+            "faults, what single cold readings once divided every measurement by)"
+        )
+    if task_rows:
+        print(
+            f"\nevery distinct task of the pairs run alone (µs at the executed size, {args.statistic} of {repeats} "
+            "repeats of its own duration, scaled to the calibrated speed) against its analytic isolated duration"
+        )
+        print_table(f"{'source':15} {'executed as':26} {'predicted':>9} {'measured':>9} {'error':>7} {'GFLOP/s':>7}  IR tasks", [
+            f"{t['source']:15} {t['task']:26} {t['predicted_us']:9.0f} {t['measured_us']:9.0f} {t['error']:+7.1%} "
+            f"{t['gflops']:7.1f}  {', '.join(t['kinds'])}"
+            for t in task_rows
+        ])
+        print("\nby kernel class: sum of predicted / sum of measured, mean absolute error")
+        for source, _, _ in sources:
+            for cls in ("gemm", "copy", "all_to_all"):
+                sel = [t for t in task_rows if t["source"] == source and t["task"].startswith(cls)]
+                if sel:
+                    ratio = sum(t["predicted_us"] for t in sel) / sum(t["measured_us"] for t in sel)
+                    err = statistics.mean(abs(t["error"]) for t in sel)
+                    print(f"{source:15} {cls:10} {len(sel):3d} tasks  predicted/measured {ratio:5.2f}  mean |error| {err:6.1%}")
     overall = summaries["all"]
     met = overall["contention_mean_error"] <= 0.10 and overall["contention_p95_error"] <= 0.25
     print(
@@ -246,7 +372,7 @@ def main() -> int:
                 "platform": platform.platform(), "python": platform.python_version(), "cores": os.cpu_count(),
                 "load_before": load_before, "load_after": load_after,
             },
-            "command": "bench/bench_cost_model.py" + (" --quick" if args.quick else ""),
+            "command": " ".join(["bench/bench_cost_model.py", *sys.argv[1:]]),
             "repeats": repeats,
             "rounds": args.rounds,
             "statistic": args.statistic,
@@ -254,6 +380,8 @@ def main() -> int:
             "seconds": elapsed,
             "summary": summaries,
             "rows": rows,
+            "tasks": task_rows,
+            "reference_first_touch": first_touch,
             "cpu_hardware": hw_json,
         }, indent=1, default=str) + "\n")
         print(f"wrote {RESULTS / 'cost_model.csv'} and {RESULTS / 'cost_model.json'}", file=sys.stderr)

@@ -47,11 +47,14 @@ Modes:
     (``cost_source = "cache"``).
 
     On CPU (``normalise``, on by default) every repeat runs between two readings of the
-    calibration's reference kernel (``calibrate_cpu.reference_tasks``) and is scaled by the
-    reference's calibrated time over the mean of those readings: a shared machine's speed
-    drifts by up to 2x over seconds, and the prediction is priced at the calibrated speed.
-    ``raw_measured_us`` is the unscaled reading, ``speed_ratio`` the median of reference now /
-    reference at calibration, and ``spread_us`` is over the scaled repeats.
+    calibration's reference kernel (``calibrate_cpu.reference_tasks``; each reading as many
+    runs of it back to back as make the pair's predicted length), pair and reference each on
+    buffers allocated and warmed once, and the pair's cost is the ``statistic`` of the
+    raw repeats times the reference's calibrated time over the same statistic of the readings:
+    a shared machine's speed drifts by up to 2x over seconds, and the prediction is priced at
+    the calibrated speed. ``raw_measured_us`` is the unscaled reading, ``speed_ratio`` the
+    median of reference now / reference at calibration, and ``spread_us`` is over the repeats
+    each scaled by its own two readings.
 
 ``cache-only``
     Like ``measured`` but never executes: a pair whose measurement is not cached (or a
@@ -78,6 +81,7 @@ from tessera_ir.errors import TesseraError
 from tessera_ir.model import Module
 
 if TYPE_CHECKING:
+    from passes.costs.contention import RetimedPair
     from runtime.pair_executor import ExecTask, PairExecutor
 
 # Attributes this pass owns (cleared before every run).
@@ -315,7 +319,8 @@ class ProfilePass(ModulePass):
         return min(1.0, self.target_ms * 1e3 / largest)
 
     def _fill(
-        self, plans: Sequence[tuple[Pair, list[ExecTask], object, str]], cache: ProfileCache, executor: PairExecutor,
+        self, plans: Sequence[tuple[Pair, list[ExecTask], tuple[RetimedPair, RetimedPair], str]], cache: ProfileCache,
+        executor: PairExecutor,
         versions: dict[str, str], module: Module, reference: dict[str, object] | None = None,
     ) -> set[str]:
         """Measure every pair whose key misses the cache (between reference readings when
@@ -323,14 +328,14 @@ class ProfilePass(ModulePass):
         from passes.costs.calibrate_cpu import reference_tasks
         from passes.costs.execution import measure_normalised, signature
 
-        todo: dict[str, tuple[Pair, list[ExecTask]]] = {}
-        for pair, execs, _, key in plans:
+        todo: dict[str, tuple[Pair, list[ExecTask], float]] = {}
+        for pair, execs, costs, key in plans:
             if cache.get(key) is None:
-                todo.setdefault(key, (pair, execs))
+                todo.setdefault(key, (pair, execs, costs[0].makespan))
         if not todo:
             return set()
         if self.mode == "cache-only":
-            pair, _ = next(iter(todo.values()))
+            pair, _, _ = next(iter(todo.values()))
             raise ProfileError(
                 f"profile{{mode=cache-only}}: pair @{pair.name} has no cached measurement for device "
                 f"'{executor.description}' (key {next(iter(todo))[:12]}, {len(todo)} of {len(plans)} pairs missing) "
@@ -344,18 +349,26 @@ class ProfilePass(ModulePass):
             disable=not (self.progress or sys.stderr.isatty()),
         )
         try:
-            for key, (pair, execs) in todo.items():
+            for key, (pair, execs, predicted_us) in todo.items():
                 bar.set_postfix_str(pair.name)
                 extra: dict[str, object] = {"pair": pair.name, "module": module.name}
                 if reference is not None:
-                    n = measure_normalised(executor, execs, self.repeats, reference_tasks(reference), float(reference["us"]))  # type: ignore[arg-type]
+                    n = measure_normalised(
+                        executor, execs, self.repeats, reference_tasks(reference), float(reference["us"]),  # type: ignore[arg-type]
+                        predicted_us,
+                    )
                     m = n.measurement
-                    extra.update(raw_samples_us=list(n.raw_us), speed_ratios=list(n.ratios))
+                    median_us, min_us = n.at_reference_speed("median"), n.at_reference_speed("min")
+                    extra.update(
+                        raw_samples_us=list(n.raw_us), speed_ratios=list(n.ratios),
+                        reference_readings_us=list(n.reference_readings_us),
+                    )
                 else:
                     m = executor.measure(execs, repeats=self.repeats)
+                    median_us, min_us = m.median_us, m.min_us
                     extra["task_us"] = m.task_us
                 cache.put(CacheEntry(
-                    key=key, measured_us=m.median_us, min_us=m.min_us, samples_us=list(m.samples_us), spread_us=m.spread_us,
+                    key=key, measured_us=median_us, min_us=min_us, samples_us=list(m.samples_us), spread_us=m.spread_us,
                     repeats=m.repeats, device=executor.description, versions=versions,
                     signature=signature(execs, executor.world_size), method=m.method, extra=extra,
                 ))

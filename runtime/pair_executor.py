@@ -60,7 +60,7 @@ DTYPES: dict[str, torch.dtype] = {
 
 # Bumped whenever the way a task is executed changes, so cached measurements
 # taken by an older executor are not reused.
-EXECUTOR_VERSION = 1
+EXECUTOR_VERSION = 2
 
 
 class PairExecutionError(RuntimeError):
@@ -103,6 +103,9 @@ class PairMeasurement:
     task_end_mean_us: dict[str, float] = field(default_factory=dict)
     device: str = ""
     method: str = ""
+    # With a reference chain (``PairExecutor.measure(reference=...)``): its time right before
+    # the first repeat and right after every repeat (``repeats + 1`` readings, max over ranks).
+    reference_us: tuple[float, ...] = ()
 
     @property
     def median_us(self) -> float:
@@ -343,28 +346,58 @@ def _run_once_cuda(
     return begin.elapsed_time(end) / 1e3, task_s, end_s
 
 
+class _Schedule:
+    """A pair with its buffers allocated, ready to run any number of times."""
+
+    def __init__(self, tasks: list[ExecTask], world: int, device: torch.device):
+        self.tasks = tasks
+        self.prepared = {t.name: _Prepared(t, world, device) for t in tasks}
+        self.streams = {r: sorted((t for t in tasks if t.resource == r), key=lambda t: t.order) for r in (COMPUTE, COMM)}
+        self.cuda_streams = None
+        if device.type == "cuda":
+            self.cuda_streams = {COMPUTE: torch.cuda.Stream(device), COMM: torch.cuda.Stream(device)}
+
+    def run(self) -> tuple[float, dict[str, float], dict[str, float]]:
+        if self.cuda_streams is not None:
+            return _run_once_cuda(self.prepared, self.tasks, self.cuda_streams)
+        return _run_once_cpu(self.prepared, self.streams)
+
+
 def _measure_in_rank(
-    tasks: list[ExecTask], repeats: int, warmup: int, world: int, device: torch.device
-) -> tuple[list[float], dict[str, list[float]], dict[str, list[float]]]:
-    prepared = {t.name: _Prepared(t, world, device) for t in tasks}
-    streams = {r: sorted((t for t in tasks if t.resource == r), key=lambda t: t.order) for r in (COMPUTE, COMM)}
-    cuda_streams = None
-    if device.type == "cuda":
-        cuda_streams = {COMPUTE: torch.cuda.Stream(device), COMM: torch.cuda.Stream(device)}
+    tasks: list[ExecTask], repeats: int, warmup: int, world: int, device: torch.device,
+    reference: list[ExecTask] | None = None, reference_runs: int = 1,
+) -> tuple[list[float], dict[str, list[float]], dict[str, list[float]], list[float]]:
+    """Warm-up runs, then ``repeats`` timed runs, all on buffers allocated once: a timed run never
+    pays for first touching its memory (page faults on fresh allocations cost more than a
+    memory-bound task itself on CPU), as a training step reusing its allocator's memory does not.
+    With ``reference``, its chain runs (on its own buffers) in every warm-up, before the first
+    repeat and after every repeat, so each repeat lies between two readings of it; a reading is
+    the mean of ``reference_runs`` runs back to back (a reading as long as the pair meets the
+    same share of other work's interruptions as the pair does)."""
+    pair = _Schedule(tasks, world, device)
+    ref = _Schedule(reference, world, device) if reference else None
     samples: list[float] = []
     per_task: dict[str, list[float]] = {t.name: [] for t in tasks}
     per_end: dict[str, list[float]] = {t.name: [] for t in tasks}
-    for i in range(warmup + repeats):
-        if cuda_streams is not None:
-            elapsed, task_s, end_s = _run_once_cuda(prepared, tasks, cuda_streams)
-        else:
-            elapsed, task_s, end_s = _run_once_cpu(prepared, streams)
-        if i >= warmup:
-            samples.append(elapsed * 1e6)
-            for name, s in task_s.items():
-                per_task[name].append(s * 1e6)
-                per_end[name].append(end_s[name] * 1e6)
-    return samples, per_task, per_end
+    readings: list[float] = []
+
+    def read_reference() -> None:
+        if ref is not None:
+            readings.append(sum(ref.run()[0] for _ in range(reference_runs)) / reference_runs * 1e6)
+
+    for _ in range(warmup):
+        if ref is not None:
+            ref.run()
+        pair.run()
+    read_reference()
+    for _ in range(repeats):
+        elapsed, task_s, end_s = pair.run()
+        samples.append(elapsed * 1e6)
+        for name, s in task_s.items():
+            per_task[name].append(s * 1e6)
+            per_end[name].append(end_s[name] * 1e6)
+        read_reference()
+    return samples, per_task, per_end, readings
 
 
 def _worker(rank: int, world: int, init_file: str, conns: list, threads: int, device_kind: str, timeout_s: float) -> None:
@@ -390,9 +423,9 @@ def _worker(rank: int, world: int, init_file: str, conns: list, threads: int, de
             message = conn.recv()
             if message[0] == "stop":
                 break
-            _, tasks, repeats, warmup = message
             try:
-                conn.send(("ok", _measure_in_rank(tasks, repeats, warmup, world, device)))
+                _, tasks, repeats, warmup, reference, reference_runs = message
+                conn.send(("ok", _measure_in_rank(tasks, repeats, warmup, world, device, reference, reference_runs)))
             except BaseException:  # noqa: BLE001 - the parent reports it
                 conn.send(("error", traceback.format_exc()))
     finally:
@@ -522,18 +555,32 @@ class PairExecutor:
             raise PairExecutionError(f"rank {rank} failed while {what}:\n{payload}")
         return payload
 
-    def measure(self, tasks: Sequence[ExecTask], repeats: int = 5, warmup: int = 1) -> PairMeasurement:
-        """Run the pair ``warmup + repeats`` times on every rank; return the timed repeats."""
+    def measure(
+        self, tasks: Sequence[ExecTask], repeats: int = 5, warmup: int = 1, reference: Sequence[ExecTask] | None = None,
+        reference_runs: int = 1,
+    ) -> PairMeasurement:
+        """Run the pair ``warmup + repeats`` times on every rank; return the timed repeats.
+
+        ``reference``: a second chain (say a calibration's reference kernel) run before the first
+        repeat and after each one, on its own warm buffers; its times are ``reference_us``, each
+        the mean of ``reference_runs`` runs back to back.
+        """
         if repeats < 1:
             raise PairExecutionError(f"repeats must be at least 1, got {repeats}")
+        if reference_runs < 1:
+            raise PairExecutionError(f"reference_runs must be at least 1, got {reference_runs}")
         tasks = list(tasks)
         validate_pair(tasks)
+        ref = list(reference) if reference else None
+        if ref is not None:
+            validate_pair(ref)
         if self._context is None:
             self.start()
         for conn in self._conns:
-            conn.send(("run", tasks, repeats, warmup))
+            conn.send(("run", tasks, repeats, warmup, ref, reference_runs))
         results = [self._receive(rank, f"executing a pair of {len(tasks)} tasks") for rank in range(self.world_size)]
         samples = tuple(max(per_rank[0][i] for per_rank in results) for i in range(repeats))
+        readings = tuple(max(per_rank[3][i] for per_rank in results) for i in range(len(results[0][3])))
         task_us, task_min_us, task_mean_us, task_end_mean_us = {}, {}, {}, {}
         for t in tasks:
             values = [v for per_rank in results for v in per_rank[1][t.name]]
@@ -546,7 +593,7 @@ class PairExecutor:
             raise PairExecutionError(f"measured non-positive pair times {samples}")
         return PairMeasurement(
             samples, task_us, task_min_us, device=self.description, method=self.method, task_mean_us=task_mean_us,
-            task_end_mean_us=task_end_mean_us,
+            task_end_mean_us=task_end_mean_us, reference_us=readings,
         )
 
     def close(self) -> None:

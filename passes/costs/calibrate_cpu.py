@@ -27,11 +27,15 @@ core is the exception: a mean, see below).
   ``comm_hbm_share``, ``comm_slowdown_per_compute``, ``comm_slowdown_per_memory``;
 - first of all, the *reference kernel* (``reference_tasks``: a GEMM and a copy in a chain,
   a few ms) and its median time → ``reference``. A shared machine's speed
-  drifts (other work, clock changes) by up to 2x over seconds, so every micro-benchmark
-  above runs between two readings of the reference and its times are scaled by
-  ``reference.us / reference then``: all figures describe the machine at one speed.
-  Measured profiling does the same around every repeat of a pair, so measurements taken
-  at any moment compare with the calibrated figures.
+  drifts (other work, clock changes) by up to 2x over seconds, so the reference is read
+  before every micro-benchmark's first repeat and after each repeat, and its times are scaled
+  by ``reference.us / reference then`` (the same statistic of the readings as of the
+  calibrated time): all figures describe the machine at one speed. Measured profiling does
+  the same around every repeat of a pair, so measurements taken at any moment compare with
+  the calibrated figures. Every reading is taken on buffers allocated and warmed once: a
+  reference read on fresh buffers pays first-touch page faults (4-13x its warm time on a
+  2-core virtual machine), which once scaled every figure down by that much and put the
+  fitted GEMM peak at 3x what one core can do.
 
 The result is written as a hardware JSON file (``calibration_cache.calibration_path``) and
 loaded with ``load_hardware``. Calibrating takes a minute or two and runs only when asked:
@@ -51,6 +55,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from passes.costs.calibration_cache import STATISTICS, WORLD_SIZE, calibration_path
+from passes.costs.execution import MAX_REFERENCE_RUNS
 from passes.costs.hardware import Hardware, load_hardware
 from passes.costs.profile_cache import software_versions
 from runtime.pair_executor import ExecTask, PairExecutor, PairMeasurement, cpu_model_name
@@ -78,22 +83,26 @@ REFERENCE: dict[str, object] = {"gemm_n": 256, "copy_bytes": 8 << 20}
 
 
 class _AtReferenceSpeed:
-    """The executor as calibration uses it: every measurement runs between two readings of the
-    reference kernel, and all its times are scaled by the reference's calibrated time over the
-    mean of those two readings (the machine's speed at that moment)."""
+    """The executor as calibration uses it: the reference kernel is read before a measurement's
+    first repeat and after every repeat (on warm buffers, as its calibrated time was read; each
+    reading as many runs back to back as make one repeat's length), and
+    all the measurement's times are scaled by the reference's calibrated time over the
+    ``statistic`` of those readings (the machine's speed at that moment, read as the calibrated
+    time was)."""
 
-    def __init__(self, executor: PairExecutor, reference_us: float):
+    def __init__(self, executor: PairExecutor, reference_us: float, statistic: str):
         self.executor = executor
         self.reference = reference_tasks(REFERENCE)
         self.reference_us = reference_us
-
-    def _reference_now(self) -> float:
-        return self.executor.measure(self.reference, repeats=1, warmup=0).samples_us[0]
+        self.pick = min if statistic == "min" else statistics.median
 
     def measure(self, tasks: list[ExecTask], repeats: int = 5, warmup: int = 1) -> PairMeasurement:
-        before = self._reference_now()
-        m = self.executor.measure(tasks, repeats=repeats, warmup=warmup)
-        factor = self.reference_us / ((before + self._reference_now()) / 2.0)
+        # Each reading as long as one repeat (the reference back to back): a reading much shorter
+        # than the benchmark often runs untouched by other work where the benchmark does not.
+        length = self.executor.measure(tasks, repeats=1, warmup=1).samples_us[0]
+        runs = max(1, min(MAX_REFERENCE_RUNS, round(length / self.reference_us)))
+        m = self.executor.measure(tasks, repeats=repeats, warmup=warmup, reference=self.reference, reference_runs=runs)
+        factor = self.reference_us / self.pick(m.reference_us)
 
         def scaled(times: dict[str, float]) -> dict[str, float]:
             return {k: v * factor for k, v in times.items()}
@@ -155,7 +164,7 @@ def calibrate(executor: PairExecutor, quick: bool = False, statistic: str = "med
     # The reference speed: the reference kernel's typical (or fastest) time, read first.
     first = executor.measure(reference_tasks(REFERENCE), repeats=4 * repeats + 1, warmup=1)
     reference: dict[str, object] = dict(REFERENCE, us=first.min_us if statistic == "min" else first.median_us)
-    at_reference = _AtReferenceSpeed(executor, float(reference["us"]))  # type: ignore[arg-type]
+    at_reference = _AtReferenceSpeed(executor, float(reference["us"]), statistic)  # type: ignore[arg-type]
 
     def task_time(tasks: list[ExecTask], name: str, n: int) -> float:
         return _task_time(at_reference, tasks, name, n, statistic)

@@ -11,6 +11,7 @@ times a pair between readings of the calibration's reference kernel (``measure_n
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, replace
 
 from passes.costs.contention import ContentionParams, RetimedPair
@@ -106,32 +107,57 @@ def signature(execs: list[ExecTask], world: int) -> list:
 class NormalisedMeasurement:
     """A pair timed between reference-kernel readings: the repeats scaled to the calibrated speed
     (``measurement``: raw time x reference at calibration / reference around that repeat), the
-    raw repeats, and each repeat's speed ratio (reference around it / at calibration; > 1: slower)."""
+    raw repeats, each repeat's speed ratio (reference around it / at calibration; > 1: slower),
+    and the reference readings themselves (one before the first repeat, one after each)."""
 
     measurement: PairMeasurement
     raw_us: tuple[float, ...]
     ratios: tuple[float, ...]
+    reference_readings_us: tuple[float, ...] = ()
+    reference_us: float = 0.0
+
+    def at_reference_speed(self, statistic: str) -> float:
+        """The pair's time at the calibrated speed: the ``statistic`` (min or median) of the raw
+        repeats times the calibrated reference over the same statistic of the readings.
+
+        Both sides take the same statistic, as the calibration did: the fastest repeat over the
+        fastest reading (each the least disturbed), or the typical over the typical. The
+        fastest of the per-repeat scaled times would instead pick the repeat whose readings
+        happened to be disturbed most, a reading biased low."""
+        pick = min if statistic == "min" else statistics.median
+        return pick(self.raw_us) * self.reference_us / pick(self.reference_readings_us)
+
+
+# The most reference runs one reading takes (a reading as long as a pair of ~100 references).
+MAX_REFERENCE_RUNS = 100
 
 
 def measure_normalised(
-    executor: PairExecutor, tasks: list[ExecTask], repeats: int, reference: list[ExecTask], reference_us: float
+    executor: PairExecutor, tasks: list[ExecTask], repeats: int, reference: list[ExecTask], reference_us: float,
+    predicted_us: float = 0.0,
 ) -> NormalisedMeasurement:
     """Time ``tasks`` ``repeats`` times, each repeat right between two readings of the reference
     kernel, and scale each repeat by ``reference_us`` over the mean of its two readings.
 
     The machine's speed drifts over seconds (other work sharing it, clock changes); a pair
     measured in a slow second would otherwise be compared with figures calibrated in a fast
-    one. Interleaving puts every repeat within milliseconds of its own readings.
+    one. Interleaving puts every repeat within milliseconds of its own readings. The pair and
+    the reference run on buffers allocated and warmed once, as the calibration reads the
+    reference: a reading on fresh buffers pays first-touch page faults (several times the
+    reference's warm time on this kind of machine), which would bias every ratio.
+
+    A reading runs the reference back to back until it lasts about the pair's ``predicted_us``:
+    other work interrupts a process every few milliseconds, so a 1 ms reference often runs
+    untouched where a 30 ms pair never does, and its fastest reading would say the machine is
+    faster than the pair could find it.
     """
-    executor.measure(tasks, repeats=1, warmup=1)  # warm both, untimed
-    refs = [executor.measure(reference, repeats=1, warmup=1).samples_us[0]]
-    raw: list[float] = []
-    for _ in range(repeats):
-        raw.append(executor.measure(tasks, repeats=1, warmup=0).samples_us[0])
-        refs.append(executor.measure(reference, repeats=1, warmup=0).samples_us[0])
+    runs = max(1, min(MAX_REFERENCE_RUNS, round(predicted_us / reference_us))) if reference_us > 0 else 1
+    m = executor.measure(tasks, repeats=repeats, warmup=1, reference=reference, reference_runs=runs)
+    refs = m.reference_us
+    raw = m.samples_us
     ratios = [(refs[i] + refs[i + 1]) / 2.0 / reference_us for i in range(repeats)]
     scaled = PairMeasurement(
         tuple(r / q for r, q in zip(raw, ratios)), device=executor.description,
         method=f"{executor.method}; each repeat between two reference-kernel readings, scaled to the calibrated speed",
     )
-    return NormalisedMeasurement(scaled, tuple(raw), tuple(ratios))
+    return NormalisedMeasurement(scaled, tuple(raw), tuple(ratios), tuple(refs), reference_us)

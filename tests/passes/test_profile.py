@@ -261,12 +261,17 @@ class CountingExecutor:
         self.description = f"cpu:counting:world={world_size}"
         self.method = "counted"
 
-    def measure(self, tasks, repeats: int = 5, warmup: int = 1) -> PairMeasurement:  # noqa: ANN001
+    @staticmethod
+    def _time(tasks) -> float:  # noqa: ANN001
+        return (10.0 + sum(t.flops for t in tasks) / 1e6 + sum(t.bytes for t in tasks) / 1e6) * CountingExecutor.slowdown
+
+    def measure(self, tasks, repeats: int = 5, warmup: int = 1, reference=None, reference_runs: int = 1) -> PairMeasurement:  # noqa: ANN001, E501
         if warmup and not all(t.name.startswith("ref.") for t in tasks):
             CountingExecutor.calls.append(list(tasks))
-        base = (10.0 + sum(t.flops for t in tasks) / 1e6 + sum(t.bytes for t in tasks) / 1e6) * CountingExecutor.slowdown
+        base = self._time(tasks)
         samples = tuple(base * (1 + 0.01 * i) for i in range(repeats))
-        return PairMeasurement(samples, device=self.description, method=self.method)
+        readings = tuple(self._time(reference) for _ in range(repeats + 1)) if reference else ()
+        return PairMeasurement(samples, device=self.description, method=self.method, reference_us=readings)
 
     def close(self) -> None:
         pass

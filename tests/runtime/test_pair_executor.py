@@ -80,13 +80,19 @@ def test_a_small_pair_really_runs_on_two_gloo_processes():
         first = ex.measure(tasks, repeats=3)
         # The same processes serve a second pair (started once per profiling run).
         second = ex.measure(tasks[:1], repeats=2)
+        # A reference chain read before the first repeat and after each, on its own buffers.
+        reference = [gemm("ref.gemm", 0), ExecTask("ref.copy", "copy", "compute", 1, ("ref.gemm",), bytes=1 << 16)]
+        beside = ex.measure(tasks[:1], repeats=3, reference=reference, reference_runs=2)
         # A request the workers cannot run comes back as an error naming the rank,
         # instead of hanging the caller.
         for conn in ex._conns:
-            conn.send(("run", "not a task list", 1, 0))
+            conn.send(("run", "not a task list", 1, 0, None, 1))
         with pytest.raises(PairExecutionError, match="rank 0 failed"):
             ex._receive(0, "executing a broken request")
     assert first.repeats == 3 and len(first.samples_us) == 3
+    assert first.reference_us == () and second.reference_us == ()
+    assert beside.repeats == 3 and len(beside.reference_us) == 4 and all(r > 0 for r in beside.reference_us)
+    assert set(beside.task_us) == {tasks[0].name}
     assert all(s > 0 for s in first.samples_us)
     assert first.median_us > 0 and first.spread_us >= 0
     assert first.spread_us == max(first.samples_us) - min(first.samples_us)
