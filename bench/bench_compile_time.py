@@ -1,23 +1,27 @@
 """Compile time without and with the caches, side by side in one run, and the trillion-scale line.
 
-Three compiles of the same model and setting (``tessera-compile ... --timing --no-capacity``,
-each a fresh process, as a user runs it):
+Three compiles of ``make demo``'s command (``tessera-compile hf:qwen3_next --emit ir -o ...
+--summary-json ... --partition-json ... --report --timing``: the default pipeline, the report
+and the capacity report), each a fresh process, as a user runs it:
 
-- ``baseline``: no cache at all and z3 on every schedule (``--no-cache`` and
-  ``overlap-schedule{verify=true}``: what every compile did before the caches);
-- ``cold``: the default pipeline with an empty cache folder (captured, every schedule
-  computed, each distinct DAG proven once; the capture, the schedules and the plan cached);
+- ``baseline``: what every compile did before the caches and the background checks: no cache
+  (``--no-cache``), the verifier after every pass (``--verify-each``) and z3 on every schedule
+  inside the pass (``overlap-schedule{verify=true prove-beside=false}``);
+- ``cold``: the command as it is, with an empty cache folder (captured, every schedule
+  computed, each new one proven by z3 in a process beside the later passes, the planned module
+  verified once beside printing it; the capture, the schedules and the plan cached);
 - ``warm``: the same command again (the planned IR from the compile cache).
 
 Printed per run: wall time of the whole command, then every row of ``--timing`` (capture,
-the passes and their inner phases, the verifier between passes, printing and writing) and
-what is left of the wall time (interpreter start and imports); the ratios to the baseline;
-and whether the three IR files are byte-identical (they must be). Then the trillion-scale
-synthetic model at its suggested setting (``frontend/workloads/parallel.json``) through
-``partition``, cold and warm (``--large-source``, ``--large-*`` flags; ``--no-large`` skips it).
+the passes and their inner phases, the verifier, the waits for background checks, printing
+and writing) and what is left of the wall time (interpreter start and imports); the ratios to
+the baseline; and whether the three IR files are byte-identical (they must be). Then the
+trillion-scale synthetic model at its suggested setting (``frontend/workloads/parallel.json``)
+through ``partition``, cold and warm (``--large-source``, ``--large-*`` flags; ``--no-large``
+skips it).
 
-Marks: ``make demo``'s compile (Qwen3-Next-80B through dbo-slots) under 10 s cold and 3 s
-warm; the trillion-scale model through partition under 30 s cold.
+Marks: ``make demo``'s compile under 10 s cold and 3 s warm; the trillion-scale model through
+partition under 30 s cold.
 
     .venv/bin/python bench/bench_compile_time.py                       # both lines
     .venv/bin/python bench/bench_compile_time.py --ep 8 --seq-len 8192 --hardware h200 --no-large
@@ -38,7 +42,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPILE = ROOT / ".venv" / "bin" / "tessera-compile"
-PIPELINE = ["candidates", "overlap-schedule", "profile", "partition", "dbo-slots"]
+PIPELINE = ["candidates", "overlap-schedule", "profile", "partition", "dbo-slots", "pipeline"]
 LINE = re.compile(r"^\s*([0-9.]+) s\s+(?:\(\s*[0-9.]+%\))?\s*(.+?)\s*$")
 AXES = ("pp", "vpp", "ep", "tp", "seq_len", "microbatches")
 COLD_MARK_S, WARM_MARK_S, LARGE_MARK_S = 10.0, 3.0, 30.0
@@ -46,15 +50,21 @@ COLD_MARK_S, WARM_MARK_S, LARGE_MARK_S = 10.0, 3.0, 30.0
 
 def pipeline(through: str, baseline: bool) -> str:
     names = PIPELINE[: PIPELINE.index(through) + 1]
-    return ",".join("overlap-schedule{verify=true}" if baseline and n == "overlap-schedule" else n for n in names)
+    spelled = "overlap-schedule{verify=true prove-beside=false}"
+    return ",".join(spelled if baseline and n == "overlap-schedule" else n for n in names)
 
 
 def run(
     label: str, source: str, axes: dict[str, int | None], hardware: str, through: str, cache: Path, out: Path,
-    baseline: bool,
+    baseline: bool, demo_outputs: bool,
 ) -> dict[str, float]:
-    cmd = [str(COMPILE), source, "--emit", "ir", "-o", str(out), "--timing", "--no-capacity", "--hardware", hardware]
-    cmd += ["--passes", pipeline(through, baseline)] + (["--no-cache"] if baseline else [])
+    cmd = [str(COMPILE), source, "--emit", "ir", "-o", str(out), "--timing", "--hardware", hardware]
+    if demo_outputs:  # what `make demo` writes and prints besides the IR
+        cmd += ["--summary-json", str(out.with_suffix(".summary.json")), "--partition-json",
+                str(out.with_suffix(".partition.json")), "--report"]
+    else:
+        cmd += ["--no-capacity"]
+    cmd += ["--passes", pipeline(through, baseline)] + (["--no-cache", "--verify-each"] if baseline else [])
     for flag, value in axes.items():
         if value is not None:
             cmd += [f"--{flag.replace('_', '-')}", str(value)]
@@ -74,7 +84,9 @@ def run(
     return times
 
 
-def compare(source: str, axes: dict[str, int | None], hardware: str, through: str, runs: list[str]) -> dict[str, dict[str, float]]:
+def compare(
+    source: str, axes: dict[str, int | None], hardware: str, through: str, runs: list[str], demo_outputs: bool = False
+) -> dict[str, dict[str, float]]:
     """``runs`` of one compile (baseline, cold, warm: see the module docstring); the table, and
     whether every run's IR is byte-identical."""
     with tempfile.TemporaryDirectory(prefix="tessera-bench-cache-") as tmp:
@@ -84,7 +96,9 @@ def compare(source: str, axes: dict[str, int | None], hardware: str, through: st
         for label in runs:
             outs[label] = folder / f"{label}.tir"
             cache = folder / ("baseline-cache" if label == "baseline" else "cache")
-            results[label] = run(label, source, axes, hardware, through, cache, outs[label], label == "baseline")
+            results[label] = run(
+                label, source, axes, hardware, through, cache, outs[label], label == "baseline", demo_outputs
+            )
         identical = all(filecmp.cmp(outs[runs[0]], outs[k], shallow=False) for k in runs[1:])
     first = results[runs[0]]
     rows = ["wall", "passes"] + [k for r in results.values() for k in r if k not in ("wall", "passes", "total")]
@@ -112,7 +126,8 @@ def verdict(what: str, seconds: float, mark: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--source", default="hf:qwen3_next")
-    p.add_argument("--through", default="dbo-slots", choices=PIPELINE, help="last pass of the pipeline")
+    p.add_argument("--through", default="pipeline", choices=PIPELINE,
+                   help="last pass of the pipeline (default: the whole default pipeline, as make demo runs it)")
     p.add_argument("--hardware", default="h100")
     for flag in AXES:
         p.add_argument(f"--{flag.replace('_', '-')}", type=int, default=None)
@@ -125,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-large", action="store_true", help="skip the trillion-scale line")
     args = p.parse_args(argv)
     main_axes = {k: getattr(args, k) for k in AXES}
-    demo = compare(args.source, main_axes, args.hardware, args.through, ["baseline", "cold", "warm"])
+    demo = compare(args.source, main_axes, args.hardware, args.through, ["baseline", "cold", "warm"], demo_outputs=True)
     ok = bool(demo["identical"]["yes"])
     summary = [verdict("cold", demo["cold"]["wall"], COLD_MARK_S), verdict("warm", demo["warm"]["wall"], WARM_MARK_S)]
     if not args.no_large:

@@ -308,6 +308,7 @@ class PassTiming:
     modified: bool
     parts: list[tuple[str, float]] = field(default_factory=list)  # what the pass timed inside itself
     verify_seconds: float = 0.0  # the verifier's run on the pass's result
+    finish_seconds: float = 0.0  # waiting, after the last pass, for work the pass left running (finish_later)
 
 
 _TIMING_PARTS: ContextVar[list[tuple[str, float]] | None] = ContextVar("tessera_pass_timing_parts", default=None)
@@ -318,6 +319,35 @@ def without_cache(p: ModulePass) -> ModulePass:
     if "cache" in {f.name for f in dataclasses.fields(p)}:  # type: ignore[arg-type]
         return dataclasses.replace(p, cache=False)  # type: ignore[type-var]
     return p
+
+
+def _nothing() -> None:
+    pass
+
+
+@dataclass
+class _Unfinished:
+    label: str
+    finish: Callable[[], None]
+    cancel: Callable[[], None]
+
+
+_UNFINISHED: ContextVar[list[_Unfinished] | None] = ContextVar("tessera_unfinished_work", default=None)
+
+
+def finish_later(label: str, finish: Callable[[], None], cancel: Callable[[], None]) -> None:
+    """Let the running pass manager call ``finish`` after the last pass instead of now.
+
+    For a pass's own checks that can run in the background while later passes go on (their
+    results change nothing in the IR): ``finish`` waits for them and raises what they found,
+    as the pass would have; ``cancel`` stops them when the pipeline fails first. Outside a pass
+    manager ``finish`` runs at once, so the pass keeps its meaning when applied on its own.
+    """
+    unfinished = _UNFINISHED.get()
+    if unfinished is None:
+        finish()
+    else:
+        unfinished.append(_Unfinished(label, finish, cancel))
 
 
 def note_time(label: str, seconds: float) -> None:
@@ -353,39 +383,84 @@ def frozen_heap() -> Iterator[None]:
 
 @dataclass
 class PassManager:
+    """Runs passes in order on a module.
+
+    ``verify_each``: the verifier runs after every pass that changed the module, so a broken
+    invariant is pinned on the pass that broke it (what tests and ``--verify-each`` want).
+    ``verify_end``: it runs once on the result instead (what a compile needs: the same
+    guarantee on what is written, at a fraction of the time). Work a pass left running in the
+    background (:func:`finish_later`) is finished after the last pass, before the final check.
+    """
+
     passes: list[ModulePass]
     verify_each: bool = True
     dump_after: Callable[[ModulePass, Module], None] | None = None
     timings: list[PassTiming] = field(default_factory=list)
+    verify_end: bool = False
+    verify_end_seconds: float = 0.0
 
     def run(self, module: Module) -> Module:
         from tessera_ir.verifier import verify
 
         ran: list[str] = []
-        for p in self.passes:
-            parts: list[tuple[str, float]] = []
-            token = _TIMING_PARTS.set(parts)
+        unfinished: list[_Unfinished] = []
+        owners: list[int] = []  # for each unfinished work, the index of the pass that left it
+        token = _UNFINISHED.set(unfinished)
+        try:
+            for p in self.passes:
+                self._apply(p, module, ran)
+                owners += [len(ran) - 1] * (len(unfinished) - len(owners))
+            for work, owner in zip(unfinished, owners):
+                start = time.perf_counter()
+                work.cancel = _nothing  # finish() waits for it, whatever it raises
+                try:
+                    work.finish()
+                except TesseraError as err:
+                    p = self.passes[owner]
+                    raise PassError(self._context(p, ran[:owner]) + str(err)) from err
+                finally:
+                    self.timings[owner].finish_seconds += time.perf_counter() - start
+        finally:
+            _UNFINISHED.reset(token)
+            for work in unfinished:
+                work.cancel()
+        if self.verify_end and not self.verify_each and self.passes:
             start = time.perf_counter()
             try:
-                with frozen_heap():
-                    modified = p.apply(module)
+                verify(module)
             except TesseraError as err:
-                raise PassError(self._context(p, ran) + str(err)) from err
-            finally:
-                _TIMING_PARTS.reset(token)
-            seconds = time.perf_counter() - start
-            self.timings.append(PassTiming(p.name, seconds, bool(modified), parts))
-            if self.verify_each and modified:
-                start = time.perf_counter()
-                try:
-                    verify(module)
-                except TesseraError as err:
-                    raise PassError(self._context(p, ran) + "left an invalid module: " + str(err)) from err
-                self.timings[-1].verify_seconds = time.perf_counter() - start
-            ran.append(p.spelling())
-            if self.dump_after is not None:
-                self.dump_after(p, module)
+                raise PassError(
+                    f"the module after passes {','.join(ran)} is invalid (verify after each pass to find the pass "
+                    f"that broke it: --verify-each): {err}"
+                ) from err
+            self.verify_end_seconds = time.perf_counter() - start
         return module
+
+    def _apply(self, p: ModulePass, module: Module, ran: list[str]) -> None:
+        from tessera_ir.verifier import verify
+
+        parts: list[tuple[str, float]] = []
+        token = _TIMING_PARTS.set(parts)
+        start = time.perf_counter()
+        try:
+            with frozen_heap():
+                modified = p.apply(module)
+        except TesseraError as err:
+            raise PassError(self._context(p, ran) + str(err)) from err
+        finally:
+            _TIMING_PARTS.reset(token)
+        seconds = time.perf_counter() - start
+        self.timings.append(PassTiming(p.name, seconds, bool(modified), parts))
+        if self.verify_each and modified:
+            start = time.perf_counter()
+            try:
+                verify(module)
+            except TesseraError as err:
+                raise PassError(self._context(p, ran) + "left an invalid module: " + str(err)) from err
+            self.timings[-1].verify_seconds = time.perf_counter() - start
+        ran.append(p.spelling())
+        if self.dump_after is not None:
+            self.dump_after(p, module)
 
     @staticmethod
     def _context(p: ModulePass, ran: list[str]) -> str:

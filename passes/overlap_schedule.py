@@ -38,7 +38,10 @@ check (:func:`passes.scheduling.check.check_schedule`, the conditions of
 ``tessera_ir.schedule_rules``); z3 proves them independently for each distinct DAG the first
 time it is scheduled (``new``, default: the proof is recorded in the cache entry), for a sample
 chosen by the DAG's key (``sample``), or for every schedule on every run (``true``); ``false``
-checks nothing. A schedule that fails stops the pass with a
+checks nothing. When the DAGs are spread over worker processes, the proofs of the new schedules
+run in one more process beside the passes after this one (``prove-beside``, default; the pass
+manager waits for them after the last pass and a schedule z3 refutes fails the pipeline then,
+with the same error), since those passes leave a core idle; the IR is the same either way. A schedule that fails stops the pass with a
 :class:`~passes.scheduling.check.ScheduleError`; a cached one that fails is dropped with a
 warning and the pair scheduled again.
 
@@ -61,9 +64,9 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from passes.manager import ModulePass, PassError, note_time, option
+from passes.manager import ModulePass, PassError, finish_later, note_time, option
 from passes.plan_view import PlanView
-from passes.scheduling.batch import schedule_all, worker_count
+from passes.scheduling.batch import BackgroundProofs, proofs_can_run_in_background, schedule_all, worker_count
 from passes.scheduling.cache import ScheduleCache, sampled, schedule_key
 from passes.scheduling.check import ScheduleEntry, ScheduleError, check_schedule, entries_of
 from passes.scheduling.exact import ExactSolver
@@ -120,6 +123,11 @@ class OverlapSchedulePass(ModulePass):
         "new",
         "exact check of every schedule, z3 proof of each schedule not proven before (new), of a sample of them "
         "(sample), of every schedule (true); false: no check",
+    )
+    prove_beside: bool = option(
+        True,
+        "with worker processes, z3 proves the new schedules in a process of its own beside the later passes "
+        "(the pass manager waits for it after the last pass); false: inside this pass",
     )
     cache: bool = option(True, "reuse schedules from the on-disk schedule cache and add new ones to it")
     cache_dir: str | None = option(None, "schedule cache folder's parent (unset: $TESSERA_CACHE_DIR or ~/.cache/tessera)")
@@ -213,12 +221,17 @@ class OverlapSchedulePass(ModulePass):
             return self.verify == "new" or sampled(keys[k])
 
         todo = [k for k, entry in enumerate(found) if entry is None]
+        workers = worker_count(self.jobs, len(todo))
+        # With workers, the new schedules' z3 proofs run in a process of their own while the
+        # passes after this one go on (they change nothing in the IR); the pass manager waits
+        # for them after the last pass, and a schedule z3 refutes fails the compile then.
+        background = self.prove_beside and proofs_can_run_in_background(workers) and failed is None
         fresh = schedule_all(
             [dags[k] for k in todo], self.method, self.time_limit, self.solver,
-            [wants_proof(k) for k in todo], worker_count(self.jobs, len(todo)),
+            [wants_proof(k) and not background for k in todo], workers,
         )
         note_time("schedule (cpu seconds, all workers)", fresh.schedule_seconds)
-        if fresh.prove_seconds:
+        if fresh.prove_seconds and not background:
             note_time("z3 proof in workers (cpu seconds)", fresh.prove_seconds)
         schedules: list[PairSchedule] = []
         proven: list[bool] = []
@@ -233,9 +246,13 @@ class OverlapSchedulePass(ModulePass):
         if failed is not None:
             return schedules  # the caller raises the error of the pair that could not be built
         check_s = prove_s = 0.0
+        later: list[int] = []  # new schedules whose z3 proof runs in the background
         for k in range(len(schedules)) if self.verify is not False else ():
             where = f"pair_schedule @sched.{k}"
             prove = wants_proof(k) and not proven[k]
+            if prove and background and found[k] is None:
+                later.append(k)
+                prove = False
             t1 = time.perf_counter()
             try:
                 check_schedule(dags[k], entries_of(schedules[k]), where, prove=prove)
@@ -256,7 +273,10 @@ class OverlapSchedulePass(ModulePass):
         note_time("exact check", check_s)
         if prove_s:
             note_time("z3 proof", prove_s)
-        if cache is not None:
+
+        def write_cache() -> None:
+            if cache is None:
+                return
             t1 = time.perf_counter()
             for k, sched in enumerate(schedules):
                 entry = found[k]
@@ -265,4 +285,19 @@ class OverlapSchedulePass(ModulePass):
             if cache.written:
                 cache.trim()
             note_time("schedule cache write", time.perf_counter() - t1)
+
+        if not later:
+            write_cache()
+            return schedules
+        proofs = BackgroundProofs([schedules[k] for k in later])
+        note_time(f"z3 proofs of {len(later)} new schedules: left running beside the later passes", 0.0)
+
+        def finish() -> None:
+            for k, ok in zip(later, proofs.wait()):
+                if not ok:  # proven again here, which raises with the constraint z3 found violated
+                    check_schedule(dags[k], entries_of(schedules[k]), f"pair_schedule @sched.{k}", prove=True)
+                proven[k] = True
+            write_cache()
+
+        finish_later("z3 proofs of the new schedules", finish, proofs.cancel)
         return schedules

@@ -58,10 +58,16 @@ def run_passes(
     pipeline: str | list[ModulePass],
     verify: bool = True,
     dump_after: Callable[[ModulePass, Module], None] | None = None,
+    verify_each: bool = True,
 ) -> PassManager:
-    """Run a pipeline (its text, or passes already parsed) on ``module`` in place."""
+    """Run a pipeline (its text, or passes already parsed) on ``module`` in place.
+
+    ``verify``: the verifier checks the passes' work, after every pass (``verify_each``, which
+    names the pass that broke an invariant) or once on the result (faster: what a compile from
+    the command line does unless given ``--verify-each``).
+    """
     passes = pipeline if isinstance(pipeline, list) else (parse_pipeline(pipeline) if pipeline.strip() else [])
-    manager = PassManager(passes, verify_each=verify, dump_after=dump_after)
+    manager = PassManager(passes, verify_each=verify and verify_each, dump_after=dump_after, verify_end=verify)
     manager.run(module)
     return manager
 

@@ -109,13 +109,21 @@ def _dump_callback(run: Run, spec: str | None, dump_dir: str | None) -> Callable
     return dump
 
 
-def _print_timing(manager_timings: list, extra: list[tuple[str, float]], after: Sequence[tuple[str, float]] = ()) -> None:
+def _print_timing(
+    manager_timings: list, extra: list[tuple[str, float]], after: Sequence[tuple[str, float]] = (),
+    verify_end_seconds: float = 0.0,
+) -> None:
     """Capture (or the cache) and the rest of ``extra``, each pass with what it timed inside
     itself, the verifier's runs between passes, then ``after`` (printing and writing)."""
     rows = extra + [(f"pass {t.name}", t.seconds) for t in manager_timings]
     verified = sum(t.verify_seconds for t in manager_timings)
     if verified:
         rows.append(("verify after each pass", verified))
+    finished = sum(t.finish_seconds for t in manager_timings)
+    if finished:
+        rows.append(("waiting for the passes' background checks", finished))
+    if verify_end_seconds:
+        rows.append(("verify the planned module", verify_end_seconds))
     rows += list(after)
     parts = {f"pass {t.name}": t.parts for t in manager_timings}
     total = sum(s for _, s in rows)
@@ -155,7 +163,11 @@ def _compile_parser() -> argparse.ArgumentParser:
                    "(default: the planning pipeline; 'none' to only capture)")
     p.add_argument("--dump-after", metavar="PASSES", help="print the IR after these passes ('all' or a comma list)")
     p.add_argument("--dump-dir", metavar="DIR", help="write --dump-after dumps as files in DIR instead of stderr")
-    p.add_argument("--no-verify", dest="verify", action="store_false", help="skip the verifier between passes")
+    p.add_argument("--no-verify", dest="verify", action="store_false",
+                   help="skip the verifier (on the captured module and on the planned one)")
+    p.add_argument("--verify-each", action="store_true",
+                   help="run the verifier after every pass instead of once at the end, so a broken invariant names "
+                   "the pass that broke it (slower)")
     p.add_argument("--timing", action="store_true", help="print how long capture and each pass took")
     p.add_argument("--no-cache", dest="cache", action="store_false",
                    help="neither read nor write the compile and schedule caches (passes' cache=false)")
@@ -308,7 +320,7 @@ def _compile(args: argparse.Namespace, run: Run) -> int:
     from passes.manager import parse_pipeline
     from tessera.api import DEFAULT_PIPELINE, resolve_hardware, run_passes, with_ledger
     from tessera_ir.summary import summarize
-    from tessera_ir.verifier import verify
+    from tessera_ir.verifier import verify, verify_beside
 
     if not (args.output or args.summary_json or args.partition_json or args.report or args.report_json or args.trace
             or args.timeline):
@@ -344,6 +356,8 @@ def _compile(args: argparse.Namespace, run: Run) -> int:
     timings: list[tuple[str, float]] = []
     after: list[tuple[str, float]] = []  # printing and writing, after the passes
     manager: PassManager | None = None
+    verified: Callable[[], None] | None = None  # waits for the planned module's verification
+    to_cache: tuple[CompileCache, str, str, list[str]] | None = None
     with _noted(run, CompileCacheWarning, ScheduleCacheWarning):
         key = capture_key(args.source, parallel, args.layer_kind) if args.cache else None
         plans = CompileCache("plans") if key is not None and passes and not dump and pipeline_cacheable(passes) else None
@@ -363,14 +377,16 @@ def _compile(args: argparse.Namespace, run: Run) -> int:
             if args.verify:
                 verify(captured)
             timings.append(("verify input", time.perf_counter() - start))
-            manager = run_passes(captured, passes, verify=args.verify, dump_after=dump)
+            # Without --verify-each the planned module is verified once, in a forked process
+            # beside printing it and rendering the outputs; nothing is cached or written unless
+            # it checks out.
+            manager = run_passes(captured, passes, verify=args.verify and args.verify_each, dump_after=dump)
+            verified = verify_beside(captured) if args.verify and not args.verify_each and passes else None
             start = time.perf_counter()
             text = print_module(captured) if (output and emit == "ir") or plans is not None else None
             after.append(("print the IR", time.perf_counter() - start))
             if plans is not None and text is not None:
-                start = time.perf_counter()
-                plans.put(plan, text, capture_notes)
-                after.append(("compile cache write", time.perf_counter() - start))
+                to_cache = (plans, plan, text, capture_notes)
             module = _parsed_later(None, args.source, timings, captured)
 
     # Render everything before writing anything, so a failure leaves no output at all.
@@ -389,6 +405,23 @@ def _compile(args: argparse.Namespace, run: Run) -> int:
 
         report_text = render_report(module())
     capacity_text = _capacity(args, run, module, routing, capacity_files)
+    rendered_s = time.perf_counter() - start
+    if verified is not None:
+        start_wait = time.perf_counter()
+        try:
+            verified()
+        except TesseraError as err:
+            raise TesseraError(
+                f"the planned module is invalid after passes {pipeline}: {err}; "
+                "rerun with --verify-each to find the pass that broke it"
+            ) from err
+        after.append(("verify the planned module (what is left after rendering)", time.perf_counter() - start_wait))
+    if to_cache is not None:
+        start_put = time.perf_counter()
+        with _noted(run, CompileCacheWarning, ScheduleCacheWarning):
+            to_cache[0].put(*to_cache[1:])
+        after.append(("compile cache write", time.perf_counter() - start_put))
+    start = time.perf_counter() - rendered_s
     run.commit()
     printed = [text for text in (report_text, capacity_text) if text is not None]
     if printed:
@@ -396,7 +429,10 @@ def _compile(args: argparse.Namespace, run: Run) -> int:
     parsed_s = sum(seconds for _, seconds in timings[timed:])  # parsing a cached plan, which has its own row
     after.append(("other outputs, reports, writing", time.perf_counter() - start - parsed_s))
     if args.timing:
-        _print_timing(manager.timings if manager is not None else [], timings, after)
+        _print_timing(
+            manager.timings if manager is not None else [], timings, after,
+            manager.verify_end_seconds if manager is not None else 0.0,
+        )
     return 0
 
 

@@ -109,6 +109,48 @@ def verify(module: Module, checks: Iterable[str] | None = None) -> None:
                 raise error
 
 
+def verify_beside(module: Module) -> Callable[[], None]:
+    """Start ``verify(module)`` in a forked process and return a function that waits for it and
+    raises its first error, exactly as ``verify`` would have.
+
+    For a caller with other work that only reads the module (printing it, rendering reports):
+    the check runs on the other core meanwhile. The child sees the module as it is now, so it
+    must not change before the wait. Where processes cannot fork, the module is verified now.
+    """
+    import os
+
+    if not hasattr(os, "fork"):
+        verify(module)
+        return lambda: None
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: verify, report one byte, leave without running the parent's exit handlers
+        code = 1
+        try:
+            os.close(read_end)
+            verify(module)
+            code = 0
+        except BaseException:  # noqa: BLE001 - any failure is redone in the parent, which explains it
+            pass
+        finally:
+            try:
+                os.write(write_end, b"0" if code == 0 else b"1")
+            finally:
+                os._exit(code)
+    os.close(write_end)
+
+    def wait() -> None:
+        try:
+            with os.fdopen(read_end, "rb") as answer:
+                ok = answer.read(1) == b"0"
+        finally:
+            os.waitpid(pid, 0)
+        if not ok:
+            verify(module)  # raises the error the child found (or, had the child died, finds none)
+
+    return wait
+
+
 def _selected(checks: Iterable[str] | None) -> list[Check]:
     if checks is None:
         return list(CHECKS.values())

@@ -111,3 +111,59 @@ def schedule_all(
             out.schedule_seconds += schedule_s
             out.prove_seconds += prove_s
     return out
+
+
+# The schedules a background proof process reads: set before it forks, like ``_WORK``.
+_PROOF_WORK: list[PairSchedule] | None = None
+
+
+def _prove_in_worker(k: int) -> bool:
+    """Whether z3 proves schedule ``k`` of ``_PROOF_WORK`` valid (a failure is explained later,
+    in the main process, by proving it again there)."""
+    assert _PROOF_WORK is not None
+    sched = _PROOF_WORK[k]
+    try:
+        check_schedule(sched.dag, entries_of(sched), prove=True)
+    except Exception:  # noqa: BLE001 - any failure is redone in the main process
+        return False
+    return True
+
+
+class BackgroundProofs:
+    """z3 proofs of schedules running in one forked process while the caller goes on.
+
+    Scheduling keeps every core busy, but the passes after it run on one, so the proofs (a third
+    of a cold compile's scheduling work) fit beside them. :meth:`wait` returns, in order, whether
+    each schedule was proven; :meth:`cancel` stops the process when the compile fails anyway.
+    """
+
+    def __init__(self, schedules: list[PairSchedule]):
+        import multiprocessing
+
+        global _PROOF_WORK
+        self.count = len(schedules)
+        self.cpu_seconds = 0.0
+        _PROOF_WORK = schedules
+        try:
+            self._pool = multiprocessing.get_context("fork").Pool(1)
+        finally:
+            _PROOF_WORK = None
+        self._result = self._pool.map_async(_prove_in_worker, range(self.count), chunksize=8)
+
+    def wait(self) -> list[bool]:
+        try:
+            proven: list[bool] = self._result.get()
+        finally:
+            self.cancel()
+        return proven
+
+    def cancel(self) -> None:
+        self._pool.terminate()
+        self._pool.join()
+
+
+def proofs_can_run_in_background(workers: int) -> bool:
+    """Whether :class:`BackgroundProofs` pays: the batch had workers (so it is large) and forking works."""
+    import multiprocessing
+
+    return workers > 1 and "fork" in multiprocessing.get_all_start_methods()

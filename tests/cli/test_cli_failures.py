@@ -8,11 +8,14 @@ import os
 import stat
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from passes.manager import PASS_REGISTRY, ModulePass
 from tessera.cli import compile_main
+from tessera_ir.model import Module
 
 from .test_cli_errors import TINY, assert_one_clean_error
 
@@ -294,3 +297,33 @@ def test_viz_draws_a_valid_schedule_whose_times_approach_the_largest_float(work:
     trace = json.loads((work / "sched.0.trace.json").read_text())
     assert max(e["ts"] for e in trace["traceEvents"] if e["ph"] == "X") == 1.7e308
     assert "tick" in (work / "sched.0.schedule.dot").read_text()
+
+
+@dataclass(frozen=True)
+class _BreaksTheModule(ModulePass):
+    """Test pass: leaves a dependency on a task that does not exist."""
+
+    name = "test-break"
+    summary = "test only"
+
+    def apply(self, module: Module) -> bool:
+        module.layers[1].tasks[0].deps.append("no.such.task")
+        return True
+
+
+@pytest.mark.parametrize("each", [False, True])
+def test_compile_of_an_invalid_plan_writes_nothing_and_says_which_pass(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, each: bool
+) -> None:
+    # By default the planned module is verified once, beside printing it; --verify-each checks
+    # after every pass and so names the one that broke it.
+    monkeypatch.setitem(PASS_REGISTRY, "test-break", f"{__name__}:_BreaksTheModule")
+    out = tmp_path / "out.tir"
+    argv = [TINY, "--passes", "test-break,candidates", "--no-cache", "-o", str(out), "--summary-json", str(tmp_path / "s.json")]
+    code, err = run_compile(capsys, *argv, *(["--verify-each"] if each else []))
+    assert code == 1
+    if each:
+        assert_one_clean_error(err, "pass 'test-break' failed", "left an invalid module", "no.such.task")
+    else:
+        assert_one_clean_error(err, "invalid after passes test-break,candidates", "no.such.task", "rerun with --verify-each")
+    assert list(tmp_path.iterdir()) == []

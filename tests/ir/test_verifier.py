@@ -332,3 +332,17 @@ def test_a_shared_schedule_fits_every_pair_it_names() -> None:
     sched.attrs["pairs"] = [SymbolRef("sched.0.pair"), SymbolRef("other")]
     (message,) = _schedule_errors(module)
     assert "is shared by pairs that differ: pair '@other' has" in message
+
+
+def test_verify_beside_raises_what_verify_raises_after_the_wait() -> None:
+    from tessera_ir.verifier import verify_beside
+
+    good = qwen3_next_like()
+    verify_beside(good)()  # nothing to raise
+    bad = qwen3_next_like()
+    bad.layers[1].tasks[0].deps.append("no.such.task")
+    with pytest.raises(VerifyError) as beside:
+        verify_beside(bad)()
+    with pytest.raises(VerifyError) as direct:
+        verify(bad)
+    assert str(beside.value) == str(direct.value)

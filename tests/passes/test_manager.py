@@ -16,6 +16,7 @@ from passes.manager import (
     PassError,
     PassManager,
     describe_options,
+    finish_later,
     get_pass_class,
     note_time,
     option,
@@ -185,3 +186,63 @@ def test_parts_a_pass_times_go_to_the_timings_not_the_module() -> None:
     manager.run(module)
     assert manager.timings[0].parts == [("inner work", 0.25)]
     note_time("outside any pass", 1.0)  # ignored, not an error
+
+
+def test_verify_at_the_end_only_checks_the_result_and_says_how_to_find_the_pass() -> None:
+    module = synthetic_module(QWEN3_NEXT_PATTERN)
+    manager = PassManager(parse_pipeline("test-tag{corrupt=true},test-tag{label=y}"), verify_each=False, verify_end=True)
+    with pytest.raises(PassError) as info:
+        manager.run(module)
+    message = str(info.value)
+    assert "after passes test-tag{corrupt=true},test-tag{label=y} is invalid" in message
+    assert "--verify-each" in message and "no.such.task" in message
+    assert [t.verify_seconds for t in manager.timings] == [0.0, 0.0]  # nothing verified between passes
+    good = synthetic_module(QWEN3_NEXT_PATTERN)
+    checked = PassManager(parse_pipeline("test-tag"), verify_each=False, verify_end=True)
+    checked.run(good)
+    assert checked.verify_end_seconds > 0
+
+
+def test_work_left_running_finishes_after_the_last_pass_or_is_cancelled() -> None:
+    events: list[str] = []
+
+    @dataclass(frozen=True)
+    class Leaves(ModulePass):
+        name = "leaves"
+        summary = "test only"
+        fail: bool = False
+
+        def apply(self, module: Module) -> bool:
+            def finish() -> None:
+                events.append("finish")
+                if self.fail:
+                    raise PassError("what the background check found")
+
+            finish_later("a background check", finish, lambda: events.append("cancel"))
+            events.append("applied")
+            return False
+
+    @dataclass(frozen=True)
+    class Breaks(ModulePass):
+        name = "breaks"
+        summary = "test only"
+
+        def apply(self, module: Module) -> bool:
+            raise PassError("breaks: broken")
+
+    module = synthetic_module(QWEN3_NEXT_PATTERN)
+    manager = PassManager([Leaves(), TagPass()])
+    manager.run(module)
+    assert events == ["applied", "finish"]  # after test-tag ran, not inside leaves
+    events.clear()
+    with pytest.raises(PassError) as info:
+        PassManager([Leaves(fail=True), TagPass()]).run(module)
+    assert str(info.value).startswith("pass 'leaves{fail=true}' failed (passes run before it: (none)): what the")
+    assert events == ["applied", "finish"]
+    events.clear()
+    with pytest.raises(PassError, match="breaks: broken"):
+        PassManager([Leaves(), Breaks()]).run(module)
+    assert events == ["applied", "cancel"]  # a failed pipeline stops the work, never waits for it
+    events.clear()
+    Leaves().apply(module)  # outside a pass manager the work finishes at once
+    assert events == ["finish", "applied"]

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from passes.costs.durations import task_duration_us
 from passes.costs.hardware import load_hardware
-from passes.manager import PassError, PassManager, parse_pipeline
+from passes.manager import ModulePass, PassError, PassManager, parse_pipeline
 from passes.overlap_schedule import OverlapSchedulePass, check_plan_schedules
 from passes.plan_view import PlanError, PlanView
 from passes.scheduling.baselines import fixed_template, serial
@@ -487,3 +487,60 @@ def test_ir_deadlines_bind_in_the_pass_and_the_exact_solver() -> None:
     optimum = exact(tight, time_limit_s=5)
     check_pair_schedule(optimum)
     assert optimum.finish(last) <= deadline + 1e-6
+
+
+def test_proofs_left_running_are_waited_for_after_the_last_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    # With workers, z3 proves the new schedules in a process of its own while later passes run;
+    # a schedule it refutes fails the pipeline at the end, named like a proof done in the pass.
+    import passes.scheduling.batch as batch
+    import passes.scheduling.check as check
+
+    monkeypatch.setattr(batch, "MIN_DAGS_PER_WORKER", 1)
+    planned = many_pairs_module()
+    OverlapSchedulePass(jobs=1, cache=False).apply(planned)
+    refuted = planned.plan_ops("pair_schedule")[2]
+    first_pair = refuted.attrs["pairs"][0].name  # type: ignore[index,union-attr]
+    proven: list[str] = []
+    real_prove = check._prove
+
+    def refuting(dag: PairDAG, entry_of, count, prefix: str, fix: str) -> None:  # type: ignore[no-untyped-def]
+        proven.append(dag.name)
+        if dag.name == first_pair:
+            raise ScheduleError(f"{prefix}schedule of pair '{dag.name}' violates exclusive for a, b: made up; {fix}")
+        real_prove(dag, entry_of, count, prefix, fix)
+
+    monkeypatch.setattr(check, "_prove", refuting)
+    manager = PassManager(parse_pipeline("overlap-schedule{jobs=2 cache=false},test-later"), verify_each=False)
+    with pytest.raises(PassError) as info:
+        manager.run(many_pairs_module())
+    message = str(info.value)
+    assert message.startswith("pass 'overlap-schedule{cache=false jobs=2}' failed")
+    assert f"pair_schedule @{refuted.name}" in message and "violates exclusive" in message
+    assert proven == [first_pair]  # the main process re-proved only the refuted one; the rest ran in the child
+    assert manager.timings[0].finish_seconds > 0
+    # Every proof passing: the same IR as proving inside the pass, one process.
+    monkeypatch.setattr(check, "_prove", real_prove)
+    waited, alone = many_pairs_module(), many_pairs_module()
+    PassManager(parse_pipeline("overlap-schedule{jobs=2 cache=false}")).run(waited)
+    OverlapSchedulePass(jobs=1, cache=False).apply(alone)
+    assert print_module(waited) == print_module(alone)
+
+
+@pytest.fixture(autouse=True)
+def _later_pass() -> object:
+    from passes.manager import PASS_REGISTRY
+
+    PASS_REGISTRY["test-later"] = f"{__name__}:LaterPass"
+    yield
+    PASS_REGISTRY.pop("test-later", None)
+
+
+@dataclasses.dataclass(frozen=True)
+class LaterPass(ModulePass):
+    """A pass after overlap-schedule that changes nothing (the proofs run beside it)."""
+
+    name = "test-later"
+    summary = "test only"
+
+    def apply(self, module: Module) -> bool:
+        return False
