@@ -199,14 +199,20 @@ def retime(tasks: Sequence[ContendedTask], params: ContentionParams) -> RetimedP
     # zero-duration tasks and chains of them cost no time.
     by_name = {t.name: t for t in tasks}
 
+    release: dict[str, float] = {}  # once a task's deps have all finished, when it may start (never changes)
+
     def released(t: ContendedTask) -> float | None:
         """When ``t`` may start: its deps' finish, plus the hand-off delay for deps on the other stream."""
+        at = release.get(t.name)
+        if at is not None:
+            return at
         if not all(d in finish for d in t.deps):
             return None
-        return max(
+        at = release[t.name] = max(
             (finish[d] + (params.cross_stream_sync_us if by_name[d].resource != t.resource else 0.0) for d in t.deps),
             default=0.0,
         )
+        return at
 
     while len(finish) < len(tasks):
         waiting: list[float] = []  # release times of stream heads held only by a hand-off delay
