@@ -10,12 +10,14 @@ and the capacity report), each a fresh process, as a user runs it:
 - ``cold``: the command as it is, with an empty cache folder (captured, every schedule
   computed, each new one proven by z3 in a process beside the later passes, the planned module
   verified once beside printing it; the capture, the schedules and the plan cached);
-- ``warm``: the same command again (the planned IR from the compile cache).
+- ``warm``: the same command again (the planned IR and every artefact rendered from it, the
+  report and the simulated capacity report included, from the compile cache).
 
 Printed per run: wall time of the whole command, then every row of ``--timing`` (capture,
 the passes and their inner phases, the verifier, the waits for background checks, printing
 and writing) and what is left of the wall time (interpreter start and imports); the ratios to
-the baseline; and whether the three IR files are byte-identical (they must be). Then the
+the baseline; and whether the three runs' outputs (the IR, the summary and partition JSON, the
+printed report and capacity report) are byte-identical (they must be). Then the
 trillion-scale synthetic model at its suggested setting (``frontend/workloads/parallel.json``)
 through ``partition``, cold and warm (``--large-source``, ``--large-*`` flags; ``--no-large``
 skips it).
@@ -74,6 +76,7 @@ def run(
     wall = time.perf_counter() - t0
     if done.returncode != 0:
         sys.exit(f"{label}: tessera-compile failed:\n{done.stderr}")
+    out.with_suffix(".stdout").write_text(done.stdout)  # the report and the capacity report
     times: dict[str, float] = {"wall": wall}
     for line in (done.stdout + done.stderr).splitlines():
         m = LINE.match(line)
@@ -99,7 +102,11 @@ def compare(
             results[label] = run(
                 label, source, axes, hardware, through, cache, outs[label], label == "baseline", demo_outputs
             )
-        identical = all(filecmp.cmp(outs[runs[0]], outs[k], shallow=False) for k in runs[1:])
+        suffixes = [".tir", ".stdout"] + ([".summary.json", ".partition.json"] if demo_outputs else [])
+        identical = all(
+            filecmp.cmp(outs[runs[0]].with_suffix(s), outs[k].with_suffix(s), shallow=False)
+            for k in runs[1:] for s in suffixes
+        )
     first = results[runs[0]]
     rows = ["wall", "passes"] + [k for r in results.values() for k in r if k not in ("wall", "passes", "total")]
     rows = list(dict.fromkeys(rows))
@@ -114,7 +121,8 @@ def compare(
             f"{v / base:15.3f}" if v is not None and base else f"{'-':>15s}" for v in values[1:]
         )
         print(f"{row[:42]:42s}{cells}{ratios}")
-    print(f"IR byte-identical across the runs: {'yes' if identical else 'NO'}")
+    what = "IR, summary, partition, report and capacity report" if demo_outputs else "IR and printed output"
+    print(f"{what} byte-identical across the runs: {'yes' if identical else 'NO'}")
     results["identical"] = {"yes": float(identical)}
     return results
 

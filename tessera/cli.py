@@ -9,6 +9,7 @@ only after everything succeeded, all together, so a failed run leaves no file.
 from __future__ import annotations
 
 import argparse
+import base64
 import gc
 import json
 import sys
@@ -22,7 +23,15 @@ from typing import Any
 from passes.manager import PASS_REGISTRY, ModulePass, PassManager, get_pass_class, without_cache
 from passes.scheduling.cache import ScheduleCacheWarning
 from passes.simulation.routing import DEFAULT_ZIPF_S, ROUTING_KINDS, RoutingSpec
-from tessera.compile_cache import CompileCache, CompileCacheWarning, capture_key, pipeline_cacheable, plan_key
+from tessera.compile_cache import (
+    CompileCache,
+    CompileCacheWarning,
+    RenderedOutputs,
+    capture_key,
+    file_digest,
+    pipeline_cacheable,
+    plan_key,
+)
 from tessera.driver import EXIT_USER_ERROR, Run, run_tool, tool_parser
 from tessera_ir.errors import TesseraError
 from tessera_ir.model import Module
@@ -81,6 +90,10 @@ def _render_plan(module: Module, emit: str) -> str | bytes:
 
         return plan_bytes(module)
     return print_module(module)
+
+
+def _as_bytes(data: str | bytes) -> bytes:
+    return data.encode() if isinstance(data, str) else data
 
 
 def _dump_callback(run: Run, spec: str | None, dump_dir: str | None) -> Callable[[ModulePass, Module], None] | None:
@@ -211,36 +224,55 @@ def _routing_spec(args: argparse.Namespace) -> RoutingSpec:
 
 
 def _capacity(
-    args: argparse.Namespace, run: Run, module: Callable[[], Module], spec: RoutingSpec, files: dict[str, str]
+    args: argparse.Namespace, run: Run, module: Callable[[], Module], spec: RoutingSpec, files: dict[str, str],
+    outputs: RenderedOutputs,
 ) -> str | None:
     """Simulate the plan; give ``run`` the capacity report's files and return its text (None: not printed)."""
     skipped = args.no_capacity or (args.output == "-" and not files and not args.report)
     if skipped and not files:
         return None  # without reading the module, which a cached compile parses only when needed
-    planned = bool(module().plan_ops("partition"))
-    if not planned:
+    if skipped:
+        if files and not module().plan_ops("partition"):
+            raise TesseraError(f"{next(iter(files))} needs a planned module; run the planning pipeline (it ends with partition)")
+        return None
+
+    def simulate() -> bytes:
+        """The simulation's report text and files as one JSON bundle (bytes as base64)."""
+        if not module().plan_ops("partition"):
+            return json.dumps({"planned": False}).encode()
+        from passes.plan_view import PlanView
+        from passes.simulation.capacity import plan_capacity
+        from passes.simulation.trace import timeline_png, trace_json
+
+        result = plan_capacity(PlanView(module()), spec, iterations=args.iterations, record=bool(args.trace or args.timeline))
+        if args.ledger:
+            from passes.costs.ledger_file import ledger_fold
+
+            result.report.ledger = ledger_fold(module(), args.ledger)
+        title = f"{result.report.title} — {spec.describe()}, with DBO"
+        made: dict[str, str | bytes] = {}
+        if "--report-json" in files:
+            made["--report-json"] = result.report.to_json()
+        if "--trace" in files:
+            made["--trace"] = trace_json(result.dynamic_first, title)
+        if "--timeline" in files:
+            made["--timeline"] = timeline_png(result.dynamic_first, title)
+        encoded = {flag: base64.b64encode(d.encode() if isinstance(d, str) else d).decode() for flag, d in made.items()}
+        return json.dumps({"planned": True, "text": result.report.render(), "files": encoded}).encode()
+
+    options = {
+        "routing": [spec.kind, spec.seed, spec.zipf_s, spec.drift, spec.describe(), file_digest(spec.trace)],
+        "iterations": args.iterations,
+        "files": sorted(files),
+    }
+    bundle = json.loads(outputs.get("capacity", options, simulate))
+    if not bundle["planned"]:
         if files:
             raise TesseraError(f"{next(iter(files))} needs a planned module; run the planning pipeline (it ends with partition)")
         return None
-    if skipped:
-        return None
-    from passes.plan_view import PlanView
-    from passes.simulation.capacity import plan_capacity
-    from passes.simulation.trace import timeline_png, trace_json
-
-    result = plan_capacity(PlanView(module()), spec, iterations=args.iterations, record=bool(args.trace or args.timeline))
-    if args.ledger:
-        from passes.costs.ledger_file import ledger_fold
-
-        result.report.ledger = ledger_fold(module(), args.ledger)
-    title = f"{result.report.title} — {spec.describe()}, with DBO"
-    if "--report-json" in files:
-        run.add(files["--report-json"], result.report.to_json())
-    if "--trace" in files:
-        run.add(files["--trace"], trace_json(result.dynamic_first, title))
-    if "--timeline" in files:
-        run.add(files["--timeline"], timeline_png(result.dynamic_first, title))
-    return None if args.output == "-" else result.report.render()
+    for flag, encoded in bundle["files"].items():
+        run.add(files[flag], base64.b64decode(encoded))
+    return None if args.output == "-" else str(bundle["text"])
 
 
 @contextmanager
@@ -389,23 +421,32 @@ def _compile(args: argparse.Namespace, run: Run) -> int:
                 to_cache = (plans, plan, text, capture_notes)
             module = _parsed_later(None, args.source, timings, captured)
 
-    # Render everything before writing anything, so a failure leaves no output at all.
+    # Render everything before writing anything, so a failure leaves no output at all. A
+    # cacheable plan's artefacts come from (and go to) the outputs layer: a warm compile
+    # neither parses the plan nor simulates it again.
+    outputs = RenderedOutputs(CompileCache("outputs") if plans is not None and plan and not args.ledger else None, plan)
     start, timed = time.perf_counter(), len(timings)
-    if output:
-        run.add(output, text if emit == "ir" and text is not None else _render_plan(module(), emit))
-    if summary:
-        run.add(summary, json.dumps(summarize(module()), indent=2) + "\n")
-    if partition:
-        from passes.partition import partition_to_json
+    with _noted(run, CompileCacheWarning):
+        if output:
+            if emit == "ir" and text is not None:
+                run.add(output, text)
+            else:
+                run.add(output, outputs.get("bytecode", {"emit": emit}, lambda: _as_bytes(_render_plan(module(), emit))))
+        if summary:
+            run.add(summary, outputs.text("summary", {}, lambda: json.dumps(summarize(module()), indent=2) + "\n"))
+        if partition:
+            from passes.partition import partition_to_json
 
-        run.add(partition, json.dumps(partition_to_json(module()), indent=2) + "\n")
-    report_text = None
-    if args.report:
-        from tessera.report import render_report
+            run.add(partition, outputs.text("partition", {}, lambda: json.dumps(partition_to_json(module()), indent=2) + "\n"))
+        report_text = None
+        if args.report:
+            from tessera.report import render_report
 
-        report_text = render_report(module())
-    capacity_text = _capacity(args, run, module, routing, capacity_files)
+            report_text = outputs.text("report", {}, lambda: render_report(module()))
+        capacity_text = _capacity(args, run, module, routing, capacity_files, outputs)
     rendered_s = time.perf_counter() - start
+    if outputs.served:
+        timings.append((f"outputs from the compile cache ({', '.join(outputs.served)})", outputs.served_seconds))
     if verified is not None:
         start_wait = time.perf_counter()
         try:
@@ -421,6 +462,8 @@ def _compile(args: argparse.Namespace, run: Run) -> int:
         with _noted(run, CompileCacheWarning, ScheduleCacheWarning):
             to_cache[0].put(*to_cache[1:])
         after.append(("compile cache write", time.perf_counter() - start_put))
+    with _noted(run, CompileCacheWarning):
+        outputs.flush()  # the plan verified (or came verified from the cache)
     start = time.perf_counter() - rendered_s
     run.commit()
     printed = [text for text in (report_text, capacity_text) if text is not None]

@@ -21,12 +21,19 @@ names another key or fails its checksum is ignored with a :class:`CompileCacheWa
   cached (:func:`pipeline_cacheable`): a pass that reads a training run's ledger, pairs
   measured on this machine, or a wall-clock limited MILP schedule is always run.
 
+- ``outputs/<key>.bin``: what a compile renders from a cached plan (the bytecode, the summary
+  and partition JSON, the report, the capacity report with its simulated iterations), each
+  keyed by the plan's key, the artefact's name and every option it depends on (the routing
+  model and its trace file's bytes, the iterations, which files were asked for). These are
+  pure functions of the planned text and those options, so a hit is byte for byte what
+  rendering it again would give; entries are written only once the planned module verified.
+
 A hit replaces capture and the passes: the output is the cached text, byte for byte what the
 passes printed when the entry was made (they verified it then), and the module is parsed from
-it only when something else needs it (a report, a summary, bytecode). The checksum makes a
-damaged entry a miss, never a wrong plan. Both folders are capped (``max_bytes``): after a
+it only when something else needs it (an artefact not in ``outputs/``). The checksum makes a
+damaged entry a miss, never a wrong plan. Every folder is capped (``max_bytes``): after a
 write, least recently used entries go first (a hit refreshes an entry's modification time).
-``tessera-compile --no-cache`` reads and writes neither.
+``tessera-compile --no-cache`` reads and writes none of them.
 """
 
 from __future__ import annotations
@@ -37,8 +44,9 @@ import json
 import os
 import socket
 import tempfile
+import time
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib import metadata
@@ -158,6 +166,22 @@ def plan_key(capture: str, hardware: str, hardware_fields: object, passes: Seque
     )
 
 
+def output_key(plan: str, artefact: str, options: dict[str, Any]) -> str:
+    """The key of one artefact rendered from the plan under ``plan`` with these options."""
+    return _digest({"format": CACHE_FORMAT, "plan": plan, "artefact": artefact, "options": options})
+
+
+def file_digest(path: str | os.PathLike[str] | None) -> str | None:
+    """SHA-256 of a file an artefact reads (None: no file, or one that cannot be read: the
+    renderer reports that, and an error is never cached)."""
+    if path is None:
+        return None
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
 @dataclass
 class CachedIR:
     """A cached module's text and the warnings that making it gave."""
@@ -166,18 +190,41 @@ class CachedIR:
     warnings: list[str]
 
 
+@dataclass
+class CachedBytes:
+    """A cached entry's bytes and the warnings that making it gave."""
+
+    data: bytes
+    warnings: list[str]
+
+
 class CompileCache:
-    """One of the two layers (``kind``: ``captures`` or ``plans``) in the cache folder."""
+    """One layer (``kind``: ``captures``, ``plans`` or ``outputs``) in the cache folder.
+
+    ``captures`` and ``plans`` hold IR text (``.tir``); ``outputs`` holds bytes (``.bin``).
+    """
 
     def __init__(self, kind: str, root: Path | str | None = None, max_bytes: int = DEFAULT_MAX_BYTES):
         self.dir = resolve_cache_dir(None if root is None else str(root)) / kind
         self.max_bytes = max_bytes
+        self.suffix = ".bin" if kind == "outputs" else ".tir"
 
     def path(self, key: str) -> Path:
-        return self.dir / f"{key}.tir"
+        return self.dir / f"{key}{self.suffix}"
 
     def get(self, key: str) -> CachedIR | None:
-        """The entry under ``key``, or None (missing, or ignored with a warning)."""
+        """The IR text under ``key``, or None (missing, or ignored with a warning)."""
+        entry = self.get_bytes(key)
+        if entry is None:
+            return None
+        try:
+            return CachedIR(entry.data.decode(), entry.warnings)
+        except UnicodeDecodeError as err:
+            self._ignore(self.path(key), f"is damaged ({err})")
+            return None
+
+    def get_bytes(self, key: str) -> CachedBytes | None:
+        """The bytes under ``key``, or None (missing, or ignored with a warning)."""
         path = self.path(key)
         try:
             data = path.read_bytes()
@@ -202,7 +249,6 @@ class CompileCache:
             notes = meta.get("warnings", [])
             if not (isinstance(notes, list) and all(isinstance(n, str) for n in notes)):
                 raise ValueError("'warnings' is not a list of strings")
-            text = body.decode()
         except (ValueError, UnicodeDecodeError) as err:
             self._ignore(path, f"is damaged ({err})")
             return None
@@ -210,13 +256,13 @@ class CompileCache:
             os.utime(path)  # recently used: the size cap removes it last
         except OSError:
             pass
-        return CachedIR(text, notes)
+        return CachedBytes(body, notes)
 
     def _ignore(self, path: Path, why: str) -> None:
         warnings.warn(f"compile cache entry {path} {why}; ignoring it and compiling again", CompileCacheWarning, stacklevel=3)
 
-    def put(self, key: str, text: str, notes: Sequence[str] = ()) -> None:
-        body = text.encode()
+    def put(self, key: str, data: str | bytes, notes: Sequence[str] = ()) -> None:
+        body = data.encode() if isinstance(data, str) else data
         meta = {
             "format": CACHE_FORMAT,
             "key": key,
@@ -248,4 +294,43 @@ class CompileCache:
 
     def trim(self) -> int:
         """Remove the least recently used entries until the folder fits ``max_bytes``; how many went."""
-        return trim_least_recent(self.dir, "*.tir", self.max_bytes)
+        return trim_least_recent(self.dir, f"*{self.suffix}", self.max_bytes)
+
+
+class RenderedOutputs:
+    """The artefacts of one compile, each served from the ``outputs`` layer or rendered.
+
+    ``cache`` None renders everything (no cache, or a plan that is not cacheable). New
+    entries wait in memory until :meth:`flush`, which the compile calls only once the planned
+    module verified, so an artefact of a plan that failed is never kept.
+    """
+
+    def __init__(self, cache: CompileCache | None, plan: str):
+        self.cache = cache
+        self.plan = plan
+        self.served: list[str] = []  # artefacts read from the cache, and the seconds that took
+        self.served_seconds = 0.0
+        self._pending: list[tuple[str, bytes]] = []
+
+    def get(self, artefact: str, options: dict[str, Any], render: Callable[[], bytes]) -> bytes:
+        if self.cache is None:
+            return render()
+        start = time.perf_counter()
+        key = output_key(self.plan, artefact, options)
+        hit = self.cache.get_bytes(key)
+        if hit is not None:
+            self.served.append(artefact)
+            self.served_seconds += time.perf_counter() - start
+            return hit.data
+        data = render()
+        self._pending.append((key, data))
+        return data
+
+    def text(self, artefact: str, options: dict[str, Any], render: Callable[[], str]) -> str:
+        return self.get(artefact, options, lambda: render().encode()).decode()
+
+    def flush(self) -> None:
+        if self.cache is not None:
+            for key, data in self._pending:
+                self.cache.put(key, data)
+        self._pending.clear()

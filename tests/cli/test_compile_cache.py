@@ -192,3 +192,111 @@ def test_a_full_hit_imports_neither_torch_nor_transformers(tmp_path: Path, cache
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "0 []"
     assert (tmp_path / "b.tir").read_bytes() == (tmp_path / "a" / "plan.tir").read_bytes()
+
+
+def every_artefact(out: Path, source: Path, *extra: str) -> list[str]:
+    """A command line asking for every artefact a compile renders: bytecode, summary, partition,
+    report, and the capacity report with its JSON and trace."""
+    out.mkdir()
+    return [str(source), "-o", str(out / "plan.tsb"), "--summary-json", str(out / "summary.json"),
+            "--partition-json", str(out / "partition.json"), "--report", "--report-json", str(out / "report.json"),
+            "--trace", str(out / "trace.json"), "--iterations", "2", "--passes", PIPELINE + ",pipeline", *SETTINGS,
+            *extra]
+
+
+def compile_all(out: Path, source: Path, *extra: str, capsys: pytest.CaptureFixture[str]) -> dict[str, bytes]:
+    """Every artefact a compile renders, and what it printed."""
+    argv = every_artefact(out, source, *extra)
+    capsys.readouterr()
+    assert compile_main(argv) == 0
+    files = {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+    files["stdout"] = capsys.readouterr().out.encode()
+    return files
+
+
+@pytest.fixture
+def simulations(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """One entry per capacity simulation that really ran."""
+    import passes.simulation.capacity as capacity
+
+    ran: list[int] = []
+    real = capacity.plan_capacity
+
+    def counting(*args: object, **kwargs: object) -> object:
+        ran.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(capacity, "plan_capacity", counting)
+    return ran
+
+
+@pytest.mark.slow
+def test_a_warm_compile_renders_nothing_again(
+    tmp_path: Path, cache: Path, simulations: list[int], monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    config = small_config(tmp_path)
+    cold = compile_all(tmp_path / "cold", config, capsys=capsys)
+    assert len(simulations) == 1 and len(list((cache / "outputs").glob("*.bin"))) == 5
+    uncached = compile_all(tmp_path / "uncached", config, "--no-cache", capsys=capsys)
+    assert uncached == cold
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a warm compile parsed the cached plan")
+
+    monkeypatch.setattr("tessera.cli.parse_module", refuse)
+    warm = compile_all(tmp_path / "warm", config, "--timing", capsys=capsys)
+    assert warm == cold and len(simulations) == 2  # the --no-cache run simulated; the warm one did not
+    # Outputs of a plan served from the cache whose artefacts are not (yet) cached are rendered
+    # from the parsed plan and give the same bytes.
+    monkeypatch.undo()
+    for entry in (cache / "outputs").glob("*.bin"):
+        entry.unlink()
+    assert compile_all(tmp_path / "reparsed", config, capsys=capsys) == cold
+
+
+@pytest.mark.slow
+def test_an_artefact_misses_when_an_option_it_reads_changes(
+    tmp_path: Path, cache: Path, simulations: list[int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = small_config(tmp_path)
+    base = compile_all(tmp_path / "base", config, capsys=capsys)
+    trace = tmp_path / "routing.json"
+    counts = {"num_experts": 8, "counts": [[[2, 1, 1, 0, 0, 1, 2, 1] for _ in range(4)] for _ in range(2)]}
+    trace.write_text(json.dumps(counts))
+    changes = [
+        ("the iterations", ["--iterations", "3"]),
+        ("the routing", ["--routing", "zipf"]),
+        ("the routing seed", ["--routing", "zipf", "--routing-seed", "1"]),
+        ("a routing trace", ["--routing", "trace", "--routing-trace", str(trace)]),
+    ]
+    for k, (what, extra) in enumerate(changes):
+        before = len(simulations)
+        out = compile_all(tmp_path / f"run{k}", config, *extra, capsys=capsys)
+        assert len(simulations) == before + 1, f"changing {what} did not simulate again"
+        assert out["summary.json"] == base["summary.json"] and out["plan.tsb"] == base["plan.tsb"]
+    counts["counts"][0][0][0] = 3  # type: ignore[index]
+    counts["counts"][0][0][1] = 0  # type: ignore[index]
+    trace.write_text(json.dumps(counts))
+    before = len(simulations)
+    compile_all(tmp_path / "edited", config, "--routing", "trace", "--routing-trace", str(trace), capsys=capsys)
+    assert len(simulations) == before + 1, "an edited routing trace was served from the cache"
+
+
+@pytest.mark.slow
+def test_a_damaged_artefact_is_rendered_again(
+    tmp_path: Path, cache: Path, simulations: list[int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = small_config(tmp_path)
+    cold = compile_all(tmp_path / "cold", config, capsys=capsys)
+    for entry in (cache / "outputs").glob("*.bin"):
+        data = entry.read_bytes()
+        entry.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    out = tmp_path / "again"
+    argv = every_artefact(out, config)
+    capsys.readouterr()
+    assert compile_main(argv) == 0
+    printed = capsys.readouterr()
+    assert printed.err.count("does not match its checksum; ignoring it") == 5
+    assert printed.out.encode() == cold["stdout"] and len(simulations) == 2
+    assert {p.name: p.read_bytes() for p in sorted(out.iterdir())} == {k: v for k, v in cold.items() if k != "stdout"}
