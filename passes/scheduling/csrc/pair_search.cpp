@@ -317,6 +317,13 @@ Times list_schedule(const Dag& g, const std::vector<char>& backbone, const Times
   auto better = [&](int a, int b) {  // higher priority first, then lower number
     return priority[size_t(a)] != priority[size_t(b)] ? priority[size_t(a)] > priority[size_t(b)] : a < b;
   };
+  // Each stream's next choice depends only on its pool (and its members' ready times, fixed
+  // once they join it), when the stream frees up, and the priorities: it is kept until one
+  // of those changes, so an event decides again only for the stream that ran a task and a
+  // stream that gained one.
+  bool stale[2] = {true, true};
+  double choice_begin[2] = {0.0, 0.0};
+  int choice[2] = {-1, -1};
   while (left > 0) {
     bool found = false;
     double best_begin = 0.0;
@@ -324,6 +331,17 @@ Times list_schedule(const Dag& g, const std::vector<char>& backbone, const Times
     for (int r = 0; r < 2; ++r) {
       const auto& cands = pools[r];
       if (cands.empty()) continue;
+      if (!stale[r]) {
+        bool take = !found || choice_begin[r] < best_begin ||
+                    (choice_begin[r] == best_begin && (r < best_r || (r == best_r && better(choice[r], best_i))));
+        if (take) {
+          found = true;
+          best_begin = choice_begin[r];
+          best_r = r;
+          best_i = choice[r];
+        }
+        continue;
+      }
       double earliest = kInf;
       for (int i : cands) earliest = std::min(earliest, ready_at[size_t(i)]);
       double t = std::max(free_at[r], earliest);
@@ -376,6 +394,9 @@ Times list_schedule(const Dag& g, const std::vector<char>& backbone, const Times
           }
         }
       }
+      stale[r] = false;
+      choice_begin[r] = begin;
+      choice[r] = chosen;
       bool take = !found || begin < best_begin ||
                   (begin == best_begin && (r < best_r || (r == best_r && better(chosen, best_i))));
       if (take) {
@@ -389,13 +410,17 @@ Times list_schedule(const Dag& g, const std::vector<char>& backbone, const Times
     start[size_t(i)] = best_begin;
     double f = best_begin + g.dur[size_t(i)];
     free_at[best_r] = f;
+    stale[best_r] = true;
     auto& pool = pools[best_r];
     pool.erase(std::find(pool.begin(), pool.end(), i));
     --left;
     auto release = [&](int s) {
       if (missing[size_t(s)] <= 0) return;
       ready_at[size_t(s)] = std::max(ready_at[size_t(s)], f);
-      if (--missing[size_t(s)] == 0) pools[g.res[size_t(s)]].push_back(s);
+      if (--missing[size_t(s)] == 0) {
+        pools[g.res[size_t(s)]].push_back(s);
+        stale[g.res[size_t(s)]] = true;
+      }
     };
     for (int s : g.succs[size_t(i)]) release(s);
     if (extra_succ && (*extra_succ)[size_t(i)] >= 0) release((*extra_succ)[size_t(i)]);
@@ -623,10 +648,26 @@ class Search {
       extra_pred[size_t(chain[k])] = chain[k - 1];
       extra_succ[size_t(chain[k - 1])] = chain[k];
     }
-    // Tails in the augmented DAG: a topological order of it first.
-    std::vector<int> order = priority_order(g_, zero_, &extra_pred, &extra_succ);
+    // Tails in the augmented DAG: a topological order of it first. Any one does: a tail is
+    // the longest path to the end, the same whichever order computes it.
+    std::vector<int>& order = fit_order_;
+    std::vector<int>& missing = fit_missing_;
+    order.clear();
+    missing.resize(size_t(n));
+    for (int i = 0; i < n; ++i) {
+      missing[size_t(i)] = int(g_.preds[size_t(i)].size()) + (extra_pred[size_t(i)] >= 0 ? 1 : 0);
+      if (missing[size_t(i)] == 0) order.push_back(i);
+    }
+    for (size_t k = 0; k < order.size(); ++k) {  // `order` is its own queue
+      int i = order[k];
+      for (int s : g_.succs[size_t(i)])
+        if (--missing[size_t(s)] == 0) order.push_back(s);
+      int j = extra_succ[size_t(i)];
+      if (j >= 0 && --missing[size_t(j)] == 0) order.push_back(j);
+    }
     if (int(order.size()) != n) return false;  // the chain contradicts the dependencies
-    Times tail(size_t(n), 0.0);
+    Times& tail = fit_tail_;
+    tail.assign(size_t(n), 0.0);
     for (size_t k = size_t(n); k-- > 0;) {
       int i = order[k];
       double t = 0.0;
@@ -823,7 +864,8 @@ class Search {
   std::vector<std::pair<double, Times>> starts_;  // constructive schedules and their makespans
   Times zero_, head_, tail_;
   std::vector<char> all_;
-  std::vector<int> fit_pred_, fit_succ_;
+  std::vector<int> fit_pred_, fit_succ_, fit_order_, fit_missing_;
+  Times fit_tail_;
 };
 
 }  // namespace
