@@ -119,11 +119,11 @@ def per_task_rows(
     pairs ran at, between reference-kernel readings), against its analytic isolated duration.
 
     A task's reading is its own duration on its stream (not the single-task pair's wall time,
-    which adds the executor's fixed cost per pair), the ``statistic`` over ranks and repeats,
+    which adds the executor's fixed cost per pair) read as the pair's time is: per repeat the slowest rank's, then the ``statistic`` over repeats,
     times the reference's calibrated time over the same statistic of the readings around it."""
     from dataclasses import replace
 
-    from passes.costs.calibrate_cpu import reference_tasks
+    from passes.costs.calibrate_cpu import reference_tasks, slowest_rank_time
     from passes.costs.durations import analytic_duration_us
     from passes.costs.execution import MAX_REFERENCE_RUNS, exec_tasks
     from passes.plan_view import PlanView
@@ -152,7 +152,7 @@ def per_task_rows(
             alone = replace(e, deps=(), order=0)
             runs = max(1, min(MAX_REFERENCE_RUNS, round(predicted / reference_us)))  # as long as the task
             m = executor.measure([alone], repeats=repeats, warmup=1, reference=reference, reference_runs=runs)
-            own = m.task_min_us[alone.name] if statistic == "min" else m.task_us[alone.name]
+            own = slowest_rank_time(m, alone.name, statistic)
             measured = own * reference_us / pick(m.reference_us)
             seen[key] = {
                 "source": source, "task": task_label(e), "kinds": [kind], "resource": e.resource,

@@ -106,6 +106,12 @@ class PairMeasurement:
     # With a reference chain (``PairExecutor.measure(reference=...)``): its time right before
     # the first repeat and right after every repeat (``repeats + 1`` readings, max over ranks).
     reference_us: tuple[float, ...] = ()
+    # Each task's duration read as the pair's time is: per repeat the longest over the ranks (the
+    # slowest rank decides), then the median (``task_slowest_us``) or the shortest
+    # (``task_slowest_min_us``) over repeats. ``task_min_us`` pools the ranks and so reads the
+    # fastest rank, which a loaded machine can make far faster than the slowest.
+    task_slowest_us: dict[str, float] = field(default_factory=dict)
+    task_slowest_min_us: dict[str, float] = field(default_factory=dict)
 
     @property
     def median_us(self) -> float:
@@ -582,6 +588,7 @@ class PairExecutor:
         samples = tuple(max(per_rank[0][i] for per_rank in results) for i in range(repeats))
         readings = tuple(max(per_rank[3][i] for per_rank in results) for i in range(len(results[0][3])))
         task_us, task_min_us, task_mean_us, task_end_mean_us = {}, {}, {}, {}
+        task_slowest_us, task_slowest_min_us = {}, {}
         for t in tasks:
             values = [v for per_rank in results for v in per_rank[1][t.name]]
             task_us[t.name] = statistics.median(values) if values else 0.0
@@ -589,11 +596,15 @@ class PairExecutor:
             task_mean_us[t.name] = statistics.fmean(values) if values else 0.0
             ends = [v for per_rank in results for v in per_rank[2][t.name]]
             task_end_mean_us[t.name] = statistics.fmean(ends) if ends else 0.0
+            slowest = [max(per_rank[1][t.name][i] for per_rank in results) for i in range(repeats)]
+            task_slowest_us[t.name] = statistics.median(slowest)
+            task_slowest_min_us[t.name] = min(slowest)
         if any(not math.isfinite(s) or s <= 0 for s in samples):
             raise PairExecutionError(f"measured non-positive pair times {samples}")
         return PairMeasurement(
             samples, task_us, task_min_us, device=self.description, method=self.method, task_mean_us=task_mean_us,
-            task_end_mean_us=task_end_mean_us, reference_us=readings,
+            task_end_mean_us=task_end_mean_us, reference_us=readings, task_slowest_us=task_slowest_us,
+            task_slowest_min_us=task_slowest_min_us,
         )
 
     def close(self) -> None:

@@ -100,6 +100,10 @@ def test_a_small_pair_really_runs_on_two_gloo_processes():
     assert all(v > 0 for v in first.task_us.values())
     assert set(first.task_mean_us) == set(first.task_end_mean_us) == set(first.task_us)
     assert all(first.task_min_us[n] <= first.task_mean_us[n] for n in first.task_us)
+    # Read as the pair's time is (per repeat the slowest rank's): never faster than the pooled
+    # fastest reading, and the shortest over repeats no longer than the median.
+    assert set(first.task_slowest_us) == set(first.task_slowest_min_us) == set(first.task_us)
+    assert all(first.task_min_us[n] <= first.task_slowest_min_us[n] <= first.task_slowest_us[n] for n in first.task_us)
     # End times count from the pair's start: each task ends after its own duration, and a
     # task ends after the tasks it depends on (which ran to completion first, on every rank).
     assert all(first.task_end_mean_us[n] >= first.task_min_us[n] for n in first.task_us)

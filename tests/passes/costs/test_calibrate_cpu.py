@@ -1,0 +1,70 @@
+"""The CPU calibration reads every figure as a pair's time is read (the slowest rank's), and its cache
+key changes with what it measures. A fake executor stands in for the gloo processes: its ranks run
+GEMMs at known, different speeds, so the test checks which rank the calibrated figures follow."""
+
+from __future__ import annotations
+
+import pytest
+
+import passes.costs.calibration_cache as calibration_cache
+from passes.costs.calibrate_cpu import calibrate, slowest_rank_time
+from runtime.pair_executor import ExecTask, PairMeasurement, executed_work
+
+FAST_GFLOPS, SLOW_GFLOPS = 80.0, 40.0  # the two ranks' GEMM throughput
+LAUNCH_US = 10.0
+COPY_GBPS = 10.0
+
+
+def _own_us(task: ExecTask, gflops: float) -> float:
+    flops, nbytes = executed_work(task)
+    if task.resource == "comm":
+        return 50.0 + nbytes / 2e3
+    if flops:
+        return LAUNCH_US + flops / (gflops * 1e3)
+    return nbytes / (COPY_GBPS * 1e3)
+
+
+class TwoSpeedExecutor:
+    """Rank 0 runs GEMMs at ``FAST_GFLOPS``, rank 1 at ``SLOW_GFLOPS``; tasks run one after another;
+    the reference reads the same time whenever it runs (a machine at constant speed)."""
+
+    world_size = 2
+    threads_per_rank = 1
+    description = "cpu:fake:world=2:threads=1:gloo"
+
+    def measure(self, tasks, repeats=5, warmup=1, reference=None, reference_runs=1):  # noqa: ANN001, ANN201
+        tasks = list(tasks)
+        fast = {t.name: _own_us(t, FAST_GFLOPS) for t in tasks}
+        slow = {t.name: _own_us(t, SLOW_GFLOPS) for t in tasks}
+        wall = sum(slow.values())
+        return PairMeasurement(
+            (wall,) * repeats, task_us=fast, task_min_us=fast, task_mean_us=fast, task_end_mean_us=slow,
+            reference_us=(sum(_own_us(t, SLOW_GFLOPS) for t in reference),) * (repeats + 1) if reference else (),
+            task_slowest_us=slow, task_slowest_min_us=slow,
+        )
+
+
+@pytest.mark.parametrize("statistic", ["min", "median"])
+def test_gemm_figures_follow_the_slowest_rank(statistic: str) -> None:
+    data = calibrate(TwoSpeedExecutor(), quick=True, statistic=statistic)  # type: ignore[arg-type]
+    peak_gflops = data["peak_tflops"]["fp32"] * 1e3  # type: ignore[index]
+    # A pair waits for its slowest rank, so the calibrated GEMM speed is that rank's, not the
+    # faster one's (which pooling the ranks' durations would read).
+    assert peak_gflops == pytest.approx(SLOW_GFLOPS, rel=0.02)
+    assert data["kernel_launch_us"] == pytest.approx(LAUNCH_US, rel=0.05)
+    # The executor's fixed cost per pair: the chain's wall time over its tasks' (slowest-rank) times.
+    assert data["pair_overhead_us"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_slowest_rank_time_reads_the_statistic_asked_for() -> None:
+    m = PairMeasurement(
+        (1.0,), task_min_us={"t": 1.0}, task_us={"t": 2.0}, task_slowest_us={"t": 4.0}, task_slowest_min_us={"t": 3.0}
+    )
+    assert slowest_rank_time(m, "t", "min") == 3.0
+    assert slowest_rank_time(m, "t", "median") == 4.0
+
+
+def test_calibration_cache_key_changes_with_the_calibration_version(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # noqa: ANN001
+    before = calibration_cache.calibration_path(tmp_path)
+    monkeypatch.setattr(calibration_cache, "CALIBRATION_VERSION", calibration_cache.CALIBRATION_VERSION + 1)
+    assert calibration_cache.calibration_path(tmp_path) != before
