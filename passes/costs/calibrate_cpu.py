@@ -6,12 +6,14 @@ the same processes, threads and collectives that measured profiling uses — so
 the analytic model and the measurements it is compared against share one
 reference. Every reading is the median (or, on request, the fastest) of several repeats,
 matching the statistic the measured pairs are compared by (the comm thread's wait for a
-core is the exception: a mean, see below).
+core is the exception: a mean, see below), and each repeat is read as a pair's time is: the
+slowest rank's.
 
 - matrix-multiply throughput and per-task overhead per dtype (fp32, bf16,
   fp16), fitted as ``t = launch + flops / peak`` over square GEMMs from tiny
   to a few milliseconds → ``peak_tflops`` and ``kernel_launch_us`` (fp32, the
-  executed dtype);
+  executed dtype). This and the two below time each size as a pair-length chain of
+  distinct copies of the task (``CHAIN_WINDOW_US``), not one task on its own;
 - memory bandwidth from a large tensor copy (bytes read + written per second)
   → ``hbm_gbps``;
 - gloo All-to-All between the local processes at six sizes (Theil-Sen fit) →
@@ -142,6 +144,36 @@ def _task_time(ex: _AtReferenceSpeed, tasks: list[ExecTask], name: str, repeats:
     return slowest_rank_time(ex.measure(tasks, repeats=repeats, warmup=1), name, statistic)
 
 
+# How long a throughput micro-benchmark runs per repeat: the task back to back, on distinct
+# buffers, for about this long (at most MAX_CHAIN copies), read as the chain's time over its
+# length. Pairs run for 2-60 ms (the cost-model bench scales its largest to 30 ms), and on this
+# shared 2-core machine a task timed on its own in a window of a few ms reads far faster than the
+# same task inside a pair-length run, even scaled by reference readings of the same lengths: at
+# load ~3, GEMMs of 2724x136x136 and 617x309x309 and a 32 MB copy took 1.7-1.9x their lone time
+# per task in chains of 8 (a 40 ms 1024^3 GEMM: 1.02x), and calibrated on their own they put the
+# compute of the Qwen3-Next-shaped pairs at 1.6x less time than it took.
+CHAIN_WINDOW_US = 20_000.0
+MAX_CHAIN = 1000
+
+
+def _maker(kind: Callable[..., ExecTask], *args: object) -> Callable[[str, int], ExecTask]:
+    """``make(name, order)`` for :func:`_chain_time`: ``kind(name, *args, order)``."""
+    return lambda name, order: kind(name, *args, order)
+
+
+def _chain_time(
+    ex: _AtReferenceSpeed, make: Callable[[str, int], ExecTask], repeats: int, statistic: str, window_us: float,
+) -> float:
+    """Time of one task ``make(name, order)`` as it runs inside a pair-length run: a chain of
+    distinct copies lasting about ``window_us``, its time (the ``statistic`` of the repeats, each the
+    slowest rank's wall time, at the reference speed) over its length. The executor's fixed cost per
+    pair (``pair_overhead_us``, a few hundred µs at most) is shared by the chain's tasks."""
+    probe = ex.executor.measure([make("c0", 0)], repeats=1, warmup=1).samples_us[0]
+    count = max(1, min(MAX_CHAIN, round(window_us / max(probe, 1.0))))
+    m = ex.measure([make(f"c{i}", i) for i in range(count)], repeats=repeats, warmup=1)
+    return (m.min_us if statistic == "min" else m.median_us) / count
+
+
 def _weighted_fit(x: list[float], y: list[float]) -> tuple[float, float]:
     """Least-squares ``y = a + b x`` with weights 1/y^2 (relative errors); returns ``(a, b)``."""
     w = [1.0 / max(v, 1e-9) ** 2 for v in y]
@@ -182,6 +214,11 @@ def calibrate(executor: PairExecutor, quick: bool = False, statistic: str = "med
     def task_time(tasks: list[ExecTask], name: str, n: int) -> float:
         return _task_time(at_reference, tasks, name, n, statistic)
 
+    window_us = CHAIN_WINDOW_US / 4 if quick else CHAIN_WINDOW_US
+
+    def chain_time(make: Callable[[str, int], ExecTask], n: int) -> float:
+        return _chain_time(at_reference, make, n, statistic, window_us)
+
     target_us = 800.0 if quick else 4000.0  # long enough for a stable reading, short enough to stay cheap
     max_n = 384 if quick else 1536
 
@@ -195,7 +232,7 @@ def calibrate(executor: PairExecutor, quick: bool = False, statistic: str = "med
         sizes, times = [], []
         n = 16
         while True:
-            t = task_time([_gemm("g", n, dtype)], "g", repeats)
+            t = chain_time(_maker(_gemm, n, dtype), repeats)
             sizes.append(n)
             times.append(t)
             if t >= target_us or n >= max_n:
@@ -209,14 +246,14 @@ def calibrate(executor: PairExecutor, quick: bool = False, statistic: str = "med
     launch_us = launch["fp32"]
 
     copy_bytes = (8 if quick else 64) << 20
-    copy_us = task_time([_copy("c", copy_bytes)], "c", repeats)
+    copy_us = chain_time(_maker(_copy, copy_bytes), repeats)
     hbm_gbps = copy_bytes / (copy_us * 1e-6) / 1e9
 
     # t = latency + bytes / bandwidth over six sizes, fitted by Theil-Sen (median of the
     # pairwise slopes, then the median intercept): one disturbed reading cannot tilt it.
     small, large = 8 << 10, (2 if quick else 16) << 20
     sizes = [4 << 10, small, 64 << 10, 256 << 10, large // 4, large]  # bytes
-    times = [task_time([_a2a("a", b)], "a", 3 * repeats if b < (1 << 20) else repeats) for b in sizes]
+    times = [chain_time(_maker(_a2a, b), repeats) for b in sizes]
     latency_us, slope = _theil_sen([float(b) for b in sizes], times)
     slope = max(slope, 1e-6)  # µs per byte; guards against a noisy non-increasing fit
     a2a_gbps = 1.0 / slope / 1e3

@@ -4,10 +4,21 @@ GEMMs at known, different speeds, so the test checks which rank the calibrated f
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 import passes.costs.calibration_cache as calibration_cache
-from passes.costs.calibrate_cpu import calibrate, slowest_rank_time
+from passes.costs.calibrate_cpu import (
+    REFERENCE,
+    _AtReferenceSpeed,
+    _chain_time,
+    _copy,
+    _maker,
+    calibrate,
+    reference_tasks,
+    slowest_rank_time,
+)
 from runtime.pair_executor import ExecTask, PairMeasurement, executed_work
 
 FAST_GFLOPS, SLOW_GFLOPS = 80.0, 40.0  # the two ranks' GEMM throughput
@@ -68,3 +79,33 @@ def test_calibration_cache_key_changes_with_the_calibration_version(monkeypatch:
     before = calibration_cache.calibration_path(tmp_path)
     monkeypatch.setattr(calibration_cache, "CALIBRATION_VERSION", calibration_cache.CALIBRATION_VERSION + 1)
     assert calibration_cache.calibration_path(tmp_path) != before
+
+
+class LongRunsSlower(TwoSpeedExecutor):
+    """A machine whose tasks run 1.5x slower inside runs longer than 10 ms (others' work interrupts
+    long runs, while a lone short task often runs untouched); records the chains it ran."""
+
+    def __init__(self) -> None:
+        self.lengths: list[int] = []
+
+    def measure(self, tasks, repeats=5, warmup=1, reference=None, reference_runs=1):  # noqa: ANN001, ANN201
+        tasks = list(tasks)
+        self.lengths.append(len(tasks))
+        m = super().measure(tasks, repeats, warmup, reference, reference_runs)
+        if m.samples_us[0] <= 10_000.0:
+            return m
+        return replace(m, samples_us=tuple(1.5 * x for x in m.samples_us))
+
+
+def test_throughput_is_read_in_pair_length_chains() -> None:
+    ex = LongRunsSlower()
+    reference_us = sum(_own_us(t, SLOW_GFLOPS) for t in reference_tasks(REFERENCE))  # what the fake reads
+    at_reference = _AtReferenceSpeed(ex, reference_us, "min")  # type: ignore[arg-type]
+    task = _maker(_copy, 8 << 20)
+    alone = _own_us(task("c0", 0), SLOW_GFLOPS)  # 1.68 ms at 10 GB/s (read and written once)
+    per_task = _chain_time(at_reference, task, 3, "min", window_us=20_000.0)
+    # About 20 ms of distinct copies back to back: the time a copy takes inside a pair-length run.
+    assert max(ex.lengths) == round(20_000.0 / alone)
+    assert per_task == pytest.approx(1.5 * alone)
+    # A short window reads the lone task's time.
+    assert _chain_time(at_reference, task, 3, "min", window_us=2_000.0) == pytest.approx(alone)
