@@ -18,9 +18,9 @@ the same run:
   normalised measurement (the cost model as profiling uses it) and against the raw one
   (what measuring without the reference kernel would report).
 
-Then every distinct task of the pairs runs alone (at the pairs' scale, between reference
-readings) against its analytic isolated duration, by kernel class, so a pair's error can be
-traced to its tasks or to how they overlap; and the reference kernel is read on warm buffers
+Then every distinct task of the pairs runs on its own (at the pairs' scale, as a pair-length
+chain of copies of it, between reference readings) against its analytic isolated duration, by
+kernel class, so a pair's error can be traced to its tasks or to how they overlap; and the reference kernel is read on warm buffers
 beside single runs on fresh ones (first-touch page faults, which once biased every reading).
 
 The mark on this CPU: at most 10% mean and 25% p95 absolute error of the contention
@@ -118,12 +118,13 @@ def per_task_rows(
     """Every distinct task of the module's profiled pairs, run alone on the executor (at the scale the
     pairs ran at, between reference-kernel readings), against its analytic isolated duration.
 
-    A task's reading is its own duration on its stream (not the single-task pair's wall time,
-    which adds the executor's fixed cost per pair) read as the pair's time is: per repeat the slowest rank's, then the ``statistic`` over repeats,
-    times the reference's calibrated time over the same statistic of the readings around it."""
+    A task is read as the calibration reads throughput: distinct copies of it back to back for
+    about a pair's length (``CHAIN_WINDOW_US``), the chain's time (the ``statistic`` of the repeats,
+    each the slowest rank's) over its length, times the reference's calibrated time over the same
+    statistic of the readings around it (each as long as the chain)."""
     from dataclasses import replace
 
-    from passes.costs.calibrate_cpu import reference_tasks, slowest_rank_time
+    from passes.costs.calibrate_cpu import CHAIN_WINDOW_US, MAX_CHAIN, reference_tasks
     from passes.costs.durations import analytic_duration_us
     from passes.costs.execution import MAX_REFERENCE_RUNS, exec_tasks
     from passes.plan_view import PlanView
@@ -149,11 +150,13 @@ def per_task_rows(
             flops, nbytes = executed_work(e, executor.world_size)
             executed = replace(item.task, flops=flops, bytes=nbytes, attrs={})
             predicted = analytic_duration_us(executed, hw, replace(view.parallel, dtype="fp32"))
-            alone = replace(e, deps=(), order=0)
-            runs = max(1, min(MAX_REFERENCE_RUNS, round(predicted / reference_us)))  # as long as the task
-            m = executor.measure([alone], repeats=repeats, warmup=1, reference=reference, reference_runs=runs)
-            own = slowest_rank_time(m, alone.name, statistic)
-            measured = own * reference_us / pick(m.reference_us)
+            # Copies back to back for about a pair's length, as the calibration times throughput.
+            count = max(1, min(MAX_CHAIN, round(CHAIN_WINDOW_US / max(predicted, 1.0))))
+            chain = [replace(e, name=f"{e.name}#{i}", deps=(), order=i) for i in range(count)]
+            runs = max(1, min(MAX_REFERENCE_RUNS, round(count * predicted / reference_us)))  # as long as the chain
+            m = executor.measure(chain, repeats=repeats, warmup=1, reference=reference, reference_runs=runs)
+            wall = m.min_us if statistic == "min" else m.median_us
+            measured = wall / count * reference_us / pick(m.reference_us)
             seen[key] = {
                 "source": source, "task": task_label(e), "kinds": [kind], "resource": e.resource,
                 "predicted_us": predicted, "measured_us": measured, "error": (predicted - measured) / measured,
@@ -331,8 +334,9 @@ def main() -> int:
         )
     if task_rows:
         print(
-            f"\nevery distinct task of the pairs run alone (µs at the executed size, {args.statistic} of {repeats} "
-            "repeats of its own duration, scaled to the calibrated speed) against its analytic isolated duration"
+            f"\nevery distinct task of the pairs on its own (µs at the executed size per task of a pair-length chain of "
+            f"copies, {args.statistic} of {repeats} repeats, scaled to the calibrated speed) against its analytic "
+            "isolated duration"
         )
         print_table(f"{'source':15} {'executed as':26} {'predicted':>9} {'measured':>9} {'error':>7} {'GFLOP/s':>7}  IR tasks", [
             f"{t['source']:15} {t['task']:26} {t['predicted_us']:9.0f} {t['measured_us']:9.0f} {t['error']:+7.1%} "
