@@ -118,9 +118,9 @@ def per_task_rows(
     """Every distinct task of the module's profiled pairs, run alone on the executor (at the scale the
     pairs ran at, between reference-kernel readings), against its analytic isolated duration.
 
-    A task is read as the calibration reads throughput: distinct copies of it back to back for
-    about a pair's length (``CHAIN_WINDOW_US``), the chain's time (the ``statistic`` of the repeats,
-    each the slowest rank's) over its length, times the reference's calibrated time over the same
+    A task is read as the calibration reads it: a compute task as distinct copies of it back to
+    back for about a pair's length (``CHAIN_WINDOW_US``), an All-to-All on its own; the chain's
+    time (the ``statistic`` of the repeats, each the slowest rank's) over its length, times the reference's calibrated time over the same
     statistic of the readings around it (each as long as the chain)."""
     from dataclasses import replace
 
@@ -150,8 +150,9 @@ def per_task_rows(
             flops, nbytes = executed_work(e, executor.world_size)
             executed = replace(item.task, flops=flops, bytes=nbytes, attrs={})
             predicted = analytic_duration_us(executed, hw, replace(view.parallel, dtype="fp32"))
-            # Copies back to back for about a pair's length, as the calibration times throughput.
-            count = max(1, min(MAX_CHAIN, round(CHAIN_WINDOW_US / max(predicted, 1.0))))
+            # Copies back to back for about a pair's length, as the calibration times compute
+            # throughput; an All-to-All on its own, as the calibration times it.
+            count = 1 if e.resource == "comm" else max(1, min(MAX_CHAIN, round(CHAIN_WINDOW_US / max(predicted, 1.0))))
             chain = [replace(e, name=f"{e.name}#{i}", deps=(), order=i) for i in range(count)]
             runs = max(1, min(MAX_REFERENCE_RUNS, round(count * predicted / reference_us)))  # as long as the chain
             m = executor.measure(chain, repeats=repeats, warmup=1, reference=reference, reference_runs=runs)

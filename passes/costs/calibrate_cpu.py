@@ -12,7 +12,7 @@ slowest rank's.
 - matrix-multiply throughput and per-task overhead per dtype (fp32, bf16,
   fp16), fitted as ``t = launch + flops / peak`` over square GEMMs from tiny
   to a few milliseconds → ``peak_tflops`` and ``kernel_launch_us`` (fp32, the
-  executed dtype). This and the two below time each size as a pair-length chain of
+  executed dtype). This and the copy below time each size as a pair-length chain of
   distinct copies of the task (``CHAIN_WINDOW_US``), not one task on its own;
 - memory bandwidth from a large tensor copy (bytes read + written per second)
   → ``hbm_gbps``;
@@ -253,7 +253,10 @@ def calibrate(executor: PairExecutor, quick: bool = False, statistic: str = "med
     # pairwise slopes, then the median intercept): one disturbed reading cannot tilt it.
     small, large = 8 << 10, (2 if quick else 16) << 20
     sizes = [4 << 10, small, 64 << 10, 256 << 10, large // 4, large]  # bytes
-    times = [chain_time(_maker(_a2a, b), repeats) for b in sizes]
+    # Each size on its own, not as a chain: back-to-back All-to-Alls make the ranks meet again and
+    # again, and a chain of them read 295-1417 µs of latency in four calibrations at load 2-4 (one
+    # on its own: 223-417 µs), far from what the comm-heavy tiny pairs then took.
+    times = [task_time([_a2a("a", b)], "a", 3 * repeats if b < (1 << 20) else repeats) for b in sizes]
     latency_us, slope = _theil_sen([float(b) for b in sizes], times)
     slope = max(slope, 1e-6)  # µs per byte; guards against a noisy non-increasing fit
     a2a_gbps = 1.0 / slope / 1e3
