@@ -234,7 +234,9 @@ def one_setting(args: argparse.Namespace, label: str, source: str, ep: int, seq_
     return {"summary": summary, "rows": rows}
 
 
-def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+def write_csv(path: Path, rows: list[dict[str, Any]], exact: bool = False) -> None:
+    """Rows as CSV; floats to 6 significant digits, or with ``exact`` as Python spells them
+    (round-trip exact: the per-pair makespans, whose gaps are read at 1e-9)."""
     if not rows:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -242,7 +244,7 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         for row in rows:
-            writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
+            writer.writerow({k: ((repr(v) if exact else f"{v:.6g}") if isinstance(v, float) else v) for k, v in row.items()})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -285,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
                     pairs.extend(got["rows"])
     if args.csv is not None:
         write_csv(args.csv, summaries)
-        write_csv(args.csv.with_name(f"{args.csv.stem}_pairs.csv"), pairs)
+        write_csv(args.csv.with_name(f"{args.csv.stem}_pairs.csv"), pairs, exact=True)
         print(f"\nwrote {args.csv} and {args.csv.with_name(args.csv.stem + '_pairs.csv')}")
     return 0
 

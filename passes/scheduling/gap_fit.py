@@ -14,7 +14,13 @@ into a :class:`~passes.scheduling.schedule.PairSchedule`.
    tasks in one list, plus serial generation with insertion and Megatron-Core's fixed
    combined-1F1B template (:func:`~passes.scheduling.baselines.fixed_template`), so the
    result is never worse than the template. Each is compacted by forward-backward
-   justification.
+   justification. Then each rule once more with *look-ahead by bound*: when the most urgent
+   task is not ready yet, the stream starts the ready task whose start now gives the lowest
+   lower bound on the makespan (the stream's work left, the task's and the urgent task's
+   paths to the end) if that is below the bound of waiting. The greedy look-ahead waits
+   rather than start a task much longer than the window, which is wrong where the stream is
+   the bottleneck: its idle time adds to its end, while a long weight gradient started now
+   (the LM head's, in a chunk holding the head) delays only tasks whose paths have room.
 2. Local search, from each of the best few constructive schedules, on the schedule's two
    stream orders (a schedule is the earliest start of every task given the dependencies and
    one task order per stream):
@@ -23,13 +29,17 @@ into a :class:`~passes.scheduling.schedule.PairSchedule`.
      and put back where the makespan drops most, until no such move is left;
    - *merge search*: the stream with fewer tasks (the All-to-All stream, a merge of the
      forward and the backward transfer chains) gets a new order (a task moved, or the two
-     chains spread evenly into each other at several phases), and the other stream is
-     re-fitted around it by list scheduling with look-ahead, the task with the longest tail
-     first. This is where the pairs that balance computation and communication are won:
-     their optimum keeps the All-to-All stream busy with one side's transfer while the
-     other side computes, which a greedy order rarely finds.
+     chains spread evenly into each other at several phases, each side's chain into the
+     other's, so either side may lead), and the other stream is re-fitted around it by list
+     scheduling with look-ahead, the task with the longest tail first. This is where the
+     pairs that balance computation and communication are won: their optimum keeps the
+     All-to-All stream busy with one side's transfer while the other side computes, which a
+     greedy order rarely finds.
 
-   The two alternate while they improve.
+   The two alternate while they improve. The look-ahead-by-bound schedules are kept apart:
+   the local search runs from the best few other starting points as before and then once
+   more from the best of them when it beats every other start, so adding them never makes a
+   result worse.
 
 The search stops as soon as the makespan reaches the lower bound (the busier stream, the
 critical path, Jackson's preemptive bound of each stream with heads and tails), which proves

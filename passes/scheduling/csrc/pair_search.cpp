@@ -289,25 +289,32 @@ class Evaluator {
 
 // ---------------------------------------------------------------- constructive schedules
 
-constexpr int kNoLookahead = 0, kFit = 1, kBestFit = 2;
+constexpr int kNoLookahead = 0, kFit = 1, kBestFit = 2, kBound = 3;
 
 // Event-driven list scheduling of the backbone tasks: whenever a stream can start
 // something, its ready task of highest priority goes; with look-ahead, a stream about to
 // start a task while a more urgent one becomes ready shortly fills that window instead
 // (with the most urgent task that fits it, else the one that overruns it least when the
 // overrun is shorter than the window, else it waits for the urgent task; or, best-fit, with
-// the task whose duration is closest to the window).
+// the task whose duration is closest to the window; or, by bound, with the ready task whose
+// start now gives the lowest lower bound on the makespan, when that is below the bound of
+// waiting: a long task that overruns the window costs nothing when the stream has more work
+// left than the urgent task's path needs, while idle time always adds to the stream's end).
+// `tail` (kBound only): each task's longest path from its end to the end of the schedule.
 Times list_schedule(const Dag& g, const std::vector<char>& backbone, const Times& priority, int lookahead,
-                    const std::vector<int>* extra_pred = nullptr, const std::vector<int>* extra_succ = nullptr) {
+                    const std::vector<int>* extra_pred = nullptr, const std::vector<int>* extra_succ = nullptr,
+                    const Times* tail = nullptr) {
   const int n = g.n;
   Times start(size_t(n), 0.0), ready_at(size_t(n), 0.0);
   double free_at[2] = {0.0, 0.0};
+  double work_left[2] = {0.0, 0.0};  // durations of the backbone tasks not yet started, per stream
   std::vector<int> missing(size_t(n), -1);
   std::vector<int> pools[2];
   int left = 0;
   for (int i = 0; i < n; ++i) {
     if (!backbone[size_t(i)]) continue;
     ++left;
+    work_left[g.res[size_t(i)]] += g.dur[size_t(i)];
     int m = 0;
     for (int p : g.preds[size_t(i)]) m += backbone[size_t(p)] ? 1 : 0;
     if (extra_pred && (*extra_pred)[size_t(i)] >= 0 && backbone[size_t((*extra_pred)[size_t(i)])]) ++m;
@@ -368,7 +375,32 @@ Times list_schedule(const Dag& g, const std::vector<char>& backbone, const Times
             if (over < 0 || g.dur[size_t(i)] < g.dur[size_t(over)] || (g.dur[size_t(i)] == g.dur[size_t(over)] && i < over))
               over = i;
           }
-          if (lookahead == kBestFit) {
+          if (lookahead == kBound) {
+            // Waiting: the stream idles until the urgent task is ready, then still has all its work.
+            const Times& tl = *tail;
+            auto bound_from = [&](double at, int first, int then) {
+              double b = std::max(at + work_left[r], at + g.dur[size_t(first)] + tl[size_t(first)]);
+              if (then >= 0) b = std::max(b, at + g.dur[size_t(first)] + g.dur[size_t(then)] + tl[size_t(then)]);
+              return b;
+            };
+            double wait_bound = bound_from(ready_at[size_t(urgent)], urgent, -1);
+            int fill = -1;
+            double fill_bound = kInf;
+            for (int i : cands) {
+              if (ready_at[size_t(i)] > t + kEps) continue;
+              double b = bound_from(t, i, urgent);
+              if (fill < 0 || b < fill_bound - kEps || (std::abs(b - fill_bound) <= kEps && better(i, fill))) {
+                fill = i;
+                fill_bound = b;
+              }
+            }
+            if (fill_bound < wait_bound - kEps) {
+              chosen = fill;
+            } else {
+              chosen = urgent;
+              begin = ready_at[size_t(urgent)];
+            }
+          } else if (lookahead == kBestFit) {
             // The task whose duration is closest to the window, idle left and overrun alike
             // (one long task that just overruns can beat a short one that leaves most of it idle).
             int close = -1;
@@ -410,6 +442,7 @@ Times list_schedule(const Dag& g, const std::vector<char>& backbone, const Times
     start[size_t(i)] = best_begin;
     double f = best_begin + g.dur[size_t(i)];
     free_at[best_r] = f;
+    work_left[best_r] -= g.dur[size_t(i)];
     stale[best_r] = true;
     auto& pool = pools[best_r];
     pool.erase(std::find(pool.begin(), pool.end(), i));
@@ -473,7 +506,7 @@ void backfill(const Dag& g, Times& start, const std::vector<char>& backbone, con
 // One backbone-first gap-fit pass. The backbone is every task that is not movable, plus
 // movable tasks promoted because they missed their deadline, plus (integrated) every task.
 Times backbone_gap_fit(const Dag& g, Times priority, const std::vector<char>& promoted, int lookahead,
-                       bool integrated) {
+                       bool integrated, const Times* tail = nullptr) {
   const int n = g.n;
   std::vector<char> backbone(static_cast<size_t>(n));
   bool any_promoted = false;
@@ -490,7 +523,7 @@ Times backbone_gap_fit(const Dag& g, Times priority, const std::vector<char>& pr
     for (int i = 0; i < n; ++i)
       if (promoted[size_t(i)]) priority[size_t(i)] += boost;
   }
-  Times start = list_schedule(g, backbone, priority, lookahead);
+  Times start = list_schedule(g, backbone, priority, lookahead, nullptr, nullptr, tail);
   if (std::find(backbone.begin(), backbone.end(), 0) != backbone.end()) backfill(g, start, backbone, priority);
   return start;
 }
@@ -519,25 +552,38 @@ class Search {
       if (ms <= last + kEps * std::max(1.0, ms)) continue;
       last = ms;
       ++runs;
-      cur_ = std::move(start);
-      cur_ms_ = ms;
-      for (int round = 0; round < opt_.rounds && !done(); ++round) {
-        double before = cur_ms_;
-        reinsert();
-        if (!done()) merge_search(fewer);
-        if (cur_ms_ >= before - kEps) break;
-      }
-      if (!done()) reinsert();
-      }
+      local_search(std::move(start), ms, fewer);
+    }
+    // Then from the best look-ahead-by-bound schedule (see construct), when it is shorter than
+    // every other start (it then leads where the others' searches do not).
+    auto best_bound = std::min_element(bound_starts_.begin(), bound_starts_.end(),
+                                       [](const auto& x, const auto& y) { return x.first < y.first; });
+    double best_start = starts_.empty() ? kInf : starts_.front().first;
+    if (best_bound != bound_starts_.end() && !done() && best_bound->first < best_start - kEps)
+      local_search(std::move(best_bound->second), best_bound->first, fewer);
     return best_;
   }
 
  private:
+  // Alternating critical reinsertion and merge search from one starting schedule.
+  void local_search(Times start, double ms, int fewer) {
+    cur_ = std::move(start);
+    cur_ms_ = ms;
+    for (int round = 0; round < opt_.rounds && !done(); ++round) {
+      double before = cur_ms_;
+      reinsert();
+      if (!done()) merge_search(fewer);
+      if (cur_ms_ >= before - kEps) break;
+    }
+    if (!done()) reinsert();
+  }
+
   int count(int r) const { return int(std::count(g_.res.begin(), g_.res.end(), r)); }
   bool done() const { return best_ms_ <= target_; }
 
-  // A constructive schedule: kept as a starting point, and as the best when it is.
-  void consider(Times cand, const std::string& rule) {
+  // A constructive schedule: kept as a starting point (in `starts`, by default the main
+  // ones), and as the best when it is.
+  void consider(Times cand, const std::string& rule, std::vector<std::pair<double, Times>>* starts = nullptr) {
     ++stats_.candidates;
     double ms = makespan_of(g_, cand);
     if (ms <= best_ms_ * 1.01) {
@@ -545,7 +591,7 @@ class Search {
       ms = makespan_of(g_, cand);
     }
     if (!meets_deadlines(g_, cand)) return;
-    starts_.emplace_back(ms, cand);
+    (starts ? *starts : starts_).emplace_back(ms, cand);
     if (ms < best_ms_ - kEps) {
       best_ = std::move(cand);
       best_ms_ = ms;
@@ -625,6 +671,17 @@ class Search {
         if (done()) return;
       }
       consider(serial_generation(g_, priority_order(g_, rule.key), g_.preds), rule.name);
+      if (done()) return;
+    }
+    // Look-ahead by bound, under each rule: kept apart from the starts above (which it would
+    // otherwise crowd out of the best few, changing where their local searches lead) and
+    // searched from once they are done, so the result is never worse than without it.
+    Times tail(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) tail[size_t(i)] = bl[size_t(i)] - g_.dur[size_t(i)];
+    std::vector<char> none(size_t(n), 0);
+    for (const auto& rule : rules) {
+      Times start = backbone_gap_fit(g_, rule.key, none, kBound, true, &tail);
+      consider(std::move(start), std::string(rule.name) + "/bound", &bound_starts_);
       if (done()) return;
     }
   }
@@ -729,19 +786,25 @@ class Search {
     }
     std::vector<int> sides[2];
     for (int x : current) sides[g_.side[size_t(x)]].push_back(x);
-    if (!sides[0].empty() && !sides[1].empty() && opt_.merge_phases > 0) {
-      const auto& longer = sides[0].size() >= sides[1].size() ? sides[0] : sides[1];
-      const auto& shorter = sides[0].size() >= sides[1].size() ? sides[1] : sides[0];
-      size_t a = longer.size(), b = shorter.size();
+    // Each side's chain is spread into the other's: which side leads matters as much as the
+    // phase (two chains of equal length spread one way only ever start with the same side,
+    // and a pair whose forward must feed the comm stream while a long backward task computes
+    // needs the forward's transfer first).
+    for (int spread = 0; spread < 2 && !sides[0].empty() && !sides[1].empty() && opt_.merge_phases > 0; ++spread) {
+      // First the shorter chain (the guest) into the longer (the host), then the other way.
+      bool zero_hosts = (sides[0].size() >= sides[1].size()) == (spread == 0);
+      const auto& host = zero_hosts ? sides[0] : sides[1];
+      const auto& guest = zero_hosts ? sides[1] : sides[0];
+      size_t a = host.size(), b = guest.size();
       for (int phase = 0; phase < opt_.merge_phases && !done(); ++phase) {
         trial.clear();
         size_t used = 0;
         for (size_t k = 0; k < b; ++k) {
           size_t before = std::min(a, size_t(double(a) * (double(k) + double(phase) / opt_.merge_phases) / double(b)));
-          while (used < before) trial.push_back(longer[used++]);
-          trial.push_back(shorter[k]);
+          while (used < before) trial.push_back(host[used++]);
+          trial.push_back(guest[k]);
         }
-        while (used < a) trial.push_back(longer[used++]);
+        while (used < a) trial.push_back(host[used++]);
         uint64_t h = hash(trial);
         if (seen.count(h)) continue;
         seen.insert(h);
@@ -862,6 +925,7 @@ class Search {
   Times best_, cur_;
   double best_ms_ = kInf, cur_ms_ = kInf;
   std::vector<std::pair<double, Times>> starts_;  // constructive schedules and their makespans
+  std::vector<std::pair<double, Times>> bound_starts_;  // those made with look-ahead by bound
   Times zero_, head_, tail_;
   std::vector<char> all_;
   std::vector<int> fit_pred_, fit_succ_, fit_order_, fit_missing_;

@@ -12,10 +12,13 @@
 // The search (pair_search.cpp has the details):
 //   1. constructive schedules: event-driven list scheduling of the non-movable backbone with
 //      movable tasks back-filled into idle gaps, and serial generation with insertion, each
-//      under four priority rules, each improved by forward-backward justification;
+//      under four priority rules, each improved by forward-backward justification; then each
+//      rule with look-ahead by bound (start the ready task whose start gives the lowest lower
+//      bound on the makespan rather than wait, when that beats waiting), searched from last;
 //   2. merge search: the order of the stream with fewer tasks (the All-to-All stream: a merge
-//      of the forward and backward transfer chains) is improved by moving one of its tasks at
-//      a time, the other stream re-fitted around each candidate order;
+//      of the forward and backward transfer chains), started from the two chains spread into
+//      each other (each into the other, at several phases), is improved by moving one of its
+//      tasks at a time, the other stream re-fitted around each candidate order;
 //   3. critical reinsertion: a task on the critical path is taken out of its stream's order
 //      and put back where the makespan drops most, until no such move is left.
 // Phases 2 and 3 alternate while they improve; the search stops as soon as the makespan
