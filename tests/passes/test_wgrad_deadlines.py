@@ -40,22 +40,24 @@ def _finishes(module: Module) -> list[dict[str, float]]:
 
 
 def test_deadlines_bind_and_the_schedules_meet_them():
-    free, bound = _module(), _module()
+    serial, bound = _module(), _module()
     run_passes(bound, "wgrad-deadlines{memory-gib=12}")
     deadlines = _deadlines(bound)
     assert set(deadlines) == {"l1.expert_gemm.wgrad", "l2.expert_gemm.wgrad", "l3.expert_gemm.wgrad"}
-    for module in (free, bound):
-        run_passes(module, "overlap-schedule{cache=false}")
-    assert check_plan_schedules(bound) == len(bound.plan_ops("pair_schedule"))  # valid, z3 included
+    # They bind: a valid schedule that ignores them (every task back to back, the wgrads last)
+    # finishes expert wgrads after them. (gap-fit's own schedules of this model meet them unasked;
+    # tests/passes/scheduling covers deadlines that move the heuristic's and CP-SAT's schedules.)
+    run_passes(serial, "overlap-schedule{method=serial cache=false}")
     late = [
-        (name, at) for pair in _finishes(free) for name, at in pair.items() if name in deadlines and at > deadlines[name]
+        (name, at) for pair in _finishes(serial) for name, at in pair.items() if name in deadlines and at > deadlines[name]
     ]
-    assert late, "without deadlines some expert wgrad already finishes in time everywhere: the test binds nothing"
+    assert late, "a schedule that ignores the deadlines meets them everywhere: the test binds nothing"
+    run_passes(bound, "overlap-schedule{cache=false}")
+    assert check_plan_schedules(bound) == len(bound.plan_ops("pair_schedule"))  # valid, z3 included
     for pair in _finishes(bound):
         for name, at in pair.items():
             if name in deadlines:
                 assert at <= deadlines[name] + 1e-9, (name, at, deadlines[name])
-    assert _finishes(free) != _finishes(bound)
 
 
 def test_no_deadline_where_the_device_holds_every_output_gradient():
