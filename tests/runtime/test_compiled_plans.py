@@ -46,7 +46,7 @@ def test_all_ranks_run_a_compiled_plan_together(config: tuple) -> None:
     pp, vpp, m, combined, dbo = config
     module = planned_module(pp, vpp, m, combined=combined, dbo=dbo)
     placed: float = 0
-    met = [0] * pp
+    met: list[float] = [0.0] * pp
     for seed in range(4):
         counters = run_cluster(data, module, seed)
         assert all(c["offered"] > 0 for c in counters)
