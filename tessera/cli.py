@@ -231,9 +231,14 @@ def _capacity(
     skipped = args.no_capacity or (args.output == "-" and not files and not args.report)
     if skipped and not files:
         return None  # without reading the module, which a cached compile parses only when needed
-    if skipped:
-        if files and not module().plan_ops("partition"):
+
+    def unplanned() -> None:
+        if files:
             raise TesseraError(f"{next(iter(files))} needs a planned module; run the planning pipeline (it ends with partition)")
+
+    if skipped:
+        if not module().plan_ops("partition"):
+            unplanned()
         return None
 
     def simulate() -> bytes:
@@ -257,7 +262,7 @@ def _capacity(
             made["--trace"] = trace_json(result.dynamic_first, title)
         if "--timeline" in files:
             made["--timeline"] = timeline_png(result.dynamic_first, title)
-        encoded = {flag: base64.b64encode(d.encode() if isinstance(d, str) else d).decode() for flag, d in made.items()}
+        encoded = {flag: base64.b64encode(_as_bytes(d)).decode() for flag, d in made.items()}
         return json.dumps({"planned": True, "text": result.report.render(), "files": encoded}).encode()
 
     options = {
@@ -267,8 +272,7 @@ def _capacity(
     }
     bundle = json.loads(outputs.get("capacity", options, simulate))
     if not bundle["planned"]:
-        if files:
-            raise TesseraError(f"{next(iter(files))} needs a planned module; run the planning pipeline (it ends with partition)")
+        unplanned()
         return None
     for flag, encoded in bundle["files"].items():
         run.add(files[flag], base64.b64decode(encoded))

@@ -751,8 +751,7 @@ class Search {
   }
 
   void merge_search(int fixed) {
-    if (zero_.empty()) {
-      zero_.assign(size_t(g_.n), 0.0);
+    if (all_.empty()) {
       all_.assign(size_t(g_.n), 1);
       head_ = heads(g_);
       Times bl = bottom_levels(g_, g_.dur);
@@ -926,7 +925,7 @@ class Search {
   double best_ms_ = kInf, cur_ms_ = kInf;
   std::vector<std::pair<double, Times>> starts_;  // constructive schedules and their makespans
   std::vector<std::pair<double, Times>> bound_starts_;  // those made with look-ahead by bound
-  Times zero_, head_, tail_;
+  Times head_, tail_;
   std::vector<char> all_;
   std::vector<int> fit_pred_, fit_succ_, fit_order_, fit_missing_;
   Times fit_tail_;
