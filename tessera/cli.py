@@ -18,7 +18,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from passes.manager import PASS_REGISTRY, ModulePass, PassManager, get_pass_class, without_cache
 from passes.scheduling.cache import ScheduleCacheWarning
@@ -32,7 +32,7 @@ from tessera.compile_cache import (
     pipeline_cacheable,
     plan_key,
 )
-from tessera.driver import EXIT_USER_ERROR, Run, run_tool, tool_parser
+from tessera.driver import EXIT_USER_ERROR, Run, leave, run_tool, tool_parser
 from tessera_ir.errors import TesseraError
 from tessera_ir.model import Module
 from tessera_ir.parser import parse_module
@@ -487,6 +487,11 @@ def compile_main(argv: Sequence[str] | None = None) -> int:
     return run_tool("tessera-compile", _compile_parser(), _compile, argv)
 
 
+def compile_command() -> NoReturn:
+    """The ``tessera-compile`` executable."""
+    leave(compile_main())
+
+
 # ---------------------------------------------------------------- tessera-opt
 
 
@@ -606,6 +611,11 @@ def opt_main(argv: Sequence[str] | None = None) -> int:
     return run_tool("tessera-opt", _opt_parser(), _opt, argv)
 
 
+def opt_command() -> NoReturn:
+    """The ``tessera-opt`` executable."""
+    leave(opt_main())
+
+
 # ---------------------------------------------------------------- tessera-dis
 
 
@@ -650,4 +660,4 @@ def viz_main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(compile_main())
+    compile_command()

@@ -14,11 +14,15 @@ gives every tool the same behaviour:
   whole run succeeded: a failed run leaves no output file and no existing file changed.
   ``--dump-dir`` dumps are the exception: they are written as each pass finishes, so
   the passes before a failure can be inspected.
+- The executables leave through :func:`leave`: the exit handlers run and the output is
+  flushed, but the interpreter does not free the heap one object at a time (after a large
+  compile that took seconds).
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import gc
 import os
 import sys
@@ -176,6 +180,27 @@ def run_tool(tool: str, parser: argparse.ArgumentParser, body: Body, argv: Seque
             "rerun with --debug for the full traceback"
         )
         return EXIT_INTERNAL_ERROR
+
+
+def leave(status: int) -> NoReturn:
+    """End the process with ``status`` as ``sys.exit`` would, less the interpreter's teardown.
+
+    For the executables only (the ``*_command`` entry points), never for a caller that goes on:
+    after a compile of the trillion-scale model, freeing the module, torch and the transformers
+    modules object by object took 2.7 s of a 31 s run. Everything a tool writes is committed
+    before its body returns; the exit handlers still run (multiprocessing's, logging's,
+    temporary files'), then the standard streams are flushed and the process ends.
+    """
+    run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)
+    if run_exit_handlers is None:  # an interpreter without it: the ordinary exit
+        sys.exit(status)
+    run_exit_handlers()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: nothing more can reach it
+            status = status or EXIT_USER_ERROR
+    os._exit(status)
 
 
 def _say(message: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from passes.scheduling.check import check_schedule, entries_of
 from passes.scheduling.exact import ExactSolver
@@ -62,13 +63,7 @@ def _solve_in_worker(k: int) -> tuple[list[float], str, str, float | None, dict,
     except Exception:  # noqa: BLE001 - any failure is redone in the main process
         return None
     t1 = time.process_time()
-    valid = False
-    if prove[k]:
-        try:
-            check_schedule(sched.dag, entries_of(sched), prove=True)
-            valid = True
-        except Exception:  # noqa: BLE001 - likewise
-            pass
+    valid = prove[k] and _proves(sched)
     return sched.start, sched.method, sched.status, sched.bound, sched.stats, valid, t1 - t0, time.process_time() - t1
 
 
@@ -113,15 +108,9 @@ def schedule_all(
     return out
 
 
-# The schedules a background proof process reads: set before it forks, like ``_WORK``.
-_PROOF_WORK: list[PairSchedule] | None = None
-
-
-def _prove_in_worker(k: int) -> bool:
-    """Whether z3 proves schedule ``k`` of ``_PROOF_WORK`` valid (a failure is explained later,
-    in the main process, by proving it again there)."""
-    assert _PROOF_WORK is not None
-    sched = _PROOF_WORK[k]
+def _proves(sched: PairSchedule) -> bool:
+    """Whether z3 proves ``sched`` valid (a failure is explained later, in the main process, by
+    proving it again there)."""
     try:
         check_schedule(sched.dag, entries_of(sched), prove=True)
     except Exception:  # noqa: BLE001 - any failure is redone in the main process
@@ -129,37 +118,67 @@ def _prove_in_worker(k: int) -> bool:
     return True
 
 
+# What :class:`BackgroundProofs` records per schedule in the array both processes share.
+_NOT_YET, _PROVEN, _REFUTED = 0, 1, 2
+
+
+def _take(next_index: Any, count: int) -> int | None:
+    """The next schedule nobody has taken yet, or None when all are taken."""
+    with next_index.get_lock():
+        k = int(next_index.value)
+        if k >= count:
+            return None
+        next_index.value = k + 1
+    return k
+
+
+def _prove_taken(schedules: list[PairSchedule], next_index: Any, state: Any) -> None:
+    """Prove schedules one at a time, as they are taken, recording each answer in ``state``."""
+    while (k := _take(next_index, len(schedules))) is not None:
+        state[k] = _PROVEN if _proves(schedules[k]) else _REFUTED
+
+
 class BackgroundProofs:
     """z3 proofs of schedules running in one forked process while the caller goes on.
 
     Scheduling keeps every core busy, but the passes after it run on one, so the proofs (a third
-    of a cold compile's scheduling work) fit beside them. :meth:`wait` returns, in order, whether
-    each schedule was proven; :meth:`cancel` stops the process when the compile fails anyway.
+    of a cold compile's scheduling work) fit beside them. Both processes take schedules from one
+    shared counter: when the caller reaches :meth:`wait` with proofs still untaken, it proves them
+    beside the background process instead of leaving its own core idle. :meth:`wait` returns, in
+    order, whether each schedule was proven (who proved which does not change the answers);
+    :meth:`cancel` stops the process when the compile fails anyway.
     """
 
     def __init__(self, schedules: list[PairSchedule]):
         import multiprocessing
 
-        global _PROOF_WORK
+        context = multiprocessing.get_context("fork")
         self.count = len(schedules)
-        self.cpu_seconds = 0.0
-        _PROOF_WORK = schedules
-        try:
-            self._pool = multiprocessing.get_context("fork").Pool(1)
-        finally:
-            _PROOF_WORK = None
-        self._result = self._pool.map_async(_prove_in_worker, range(self.count), chunksize=8)
+        self._schedules = schedules
+        self._next = context.Value("i", 0)
+        self._state = context.RawArray("b", self.count)
+        # Forked, so the process inherits the schedules instead of receiving them pickled.
+        self._process = context.Process(
+            target=_prove_taken, args=(schedules, self._next, self._state), name="tessera-z3-proofs", daemon=True
+        )
+        self._process.start()
 
     def wait(self) -> list[bool]:
         try:
-            proven: list[bool] = self._result.get()
+            _prove_taken(self._schedules, self._next, self._state)
+            self._process.join()
+            # A schedule the process took but did not answer (it died): proven here.
+            for k in range(self.count):
+                if self._state[k] == _NOT_YET:
+                    self._state[k] = _PROVEN if _proves(self._schedules[k]) else _REFUTED
+            return [self._state[k] == _PROVEN for k in range(self.count)]
         finally:
             self.cancel()
-        return proven
 
     def cancel(self) -> None:
-        self._pool.terminate()
-        self._pool.join()
+        if self._process.is_alive():
+            self._process.terminate()
+        self._process.join()
 
 
 def proofs_can_run_in_background(workers: int) -> bool:

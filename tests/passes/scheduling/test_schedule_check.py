@@ -234,3 +234,27 @@ def test_each_corruption_of_a_large_schedule_names_its_constraint() -> None:
     with pytest.raises(ScheduleError) as info:
         check_schedule(dag, edit(dag.tasks[b].name, start=good[a].start + 0.5 * dag.tasks[a].duration))
     assert info.value.constraint in ("dependency", "exclusive") and dag.tasks[b].name in info.value.tasks
+
+
+def test_background_proofs_answer_in_order_whoever_proves_them() -> None:
+    """The forked process and the waiting caller take schedules from one counter; the answers come
+    back in the schedules' order, a refuted one as False (the caller then explains it)."""
+    from passes.scheduling.batch import BackgroundProofs
+
+    dag = small_dag()
+    order = [t.name for t in dag.tasks]
+    valid = PairSchedule(dag, [VALID[n] for n in order], "manual")
+    broken = PairSchedule(dag, [dict(VALID, c=5.0)[n] for n in order], "manual")  # c overlaps e
+    schedules = [valid] * 40 + [broken] + [valid] * 40 + [broken]
+    proofs = BackgroundProofs(schedules)
+    assert proofs.wait() == [True] * 40 + [False] + [True] * 40 + [False]
+
+
+def test_background_proofs_cancelled_leave_no_process() -> None:
+    from passes.scheduling.batch import BackgroundProofs
+
+    dag = small_dag()
+    schedules = [PairSchedule(dag, [VALID[t.name] for t in dag.tasks], "manual")] * 200
+    proofs = BackgroundProofs(schedules)
+    proofs.cancel()
+    assert not proofs._process.is_alive()

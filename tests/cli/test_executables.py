@@ -1,0 +1,49 @@
+"""The executables (``tessera-compile``, ``tessera-opt``) leave through ``tessera.driver.leave``:
+the same exit status, every byte of their output, the exit handlers run, and no interpreter
+teardown (which freed a large compile's heap object by object)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parents[1]
+PLAN = TESTS / "passes" / "golden" / "overlap_schedule.tir"
+
+
+def executable(command: str, *args: str, before: str = "pass") -> subprocess.CompletedProcess[str]:
+    """Run the entry point ``tessera.cli.<command>`` as its console script does (arguments from
+    ``sys.argv``), after the statement ``before``."""
+    code = f"{before}; from tessera.cli import {command}; {command}()"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_the_whole_output_reaches_a_pipe_and_the_status_is_zero() -> None:
+    done = executable("opt_command", str(PLAN))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == PLAN.read_text()  # verified and printed back unchanged, to the last byte
+
+
+def test_exit_handlers_run_after_the_output() -> None:
+    done = executable("opt_command", str(PLAN), before="import atexit; atexit.register(lambda: print('handler ran'))")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.endswith("handler ran\n")
+    assert done.stdout.removesuffix("handler ran\n") == PLAN.read_text()
+
+
+def test_a_user_error_keeps_its_status_and_message(tmp_path: Path) -> None:
+    done = executable("opt_command", str(tmp_path / "missing.tir"))
+    assert done.returncode == 1
+    assert done.stderr.startswith("tessera-opt: error: ") and "missing.tir" in done.stderr
+    done = executable("compile_command", "--no-such-flag")
+    assert done.returncode == 1
+    assert "tessera-compile: error: " in done.stderr
+
+
+def test_the_console_scripts_are_the_commands() -> None:
+    import tomllib
+
+    scripts = tomllib.loads((TESTS.parent / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["tessera-compile"] == "tessera.cli:compile_command"
+    assert scripts["tessera-opt"] == "tessera.cli:opt_command"
