@@ -40,6 +40,13 @@ into a :class:`~passes.scheduling.schedule.PairSchedule`.
    the local search runs from the best few other starting points as before and then once
    more from the best of them when it beats every other start, so adding them never makes a
    result worse.
+3. *Forward feed first*, only where the best schedule so far starts no transfer at time 0
+   (the backward opens with a long computation, the LM head's dgrad, before its first
+   transfer): the rule that puts the forward's tasks up to its first transfer ahead of
+   everything else, under each look-ahead variant, and the local search from each of those
+   schedules. The optimum of such a pair starts the forward's transfer while the head
+   computes; every priority rule above starts the head first, and no single move of the
+   local search gets from there to it. Searched last, so no result gets worse.
 
 The search stops as soon as the makespan reaches the lower bound (the busier stream, the
 critical path, Jackson's preemptive bound of each stream with heads and tails), which proves

@@ -528,6 +528,17 @@ Times backbone_gap_fit(const Dag& g, Times priority, const std::vector<char>& pr
   return start;
 }
 
+// The list-scheduling variants every priority rule is tried with.
+struct Variant {
+  const char* suffix;
+  int lookahead;
+  bool integrated;
+};
+constexpr Variant kVariants[] = {{"", kNoLookahead, false},
+                                 {"/lookahead", kFit, false},
+                                 {"/integrated", kFit, true},
+                                 {"/best-fit", kBestFit, true}};
+
 // ---------------------------------------------------------------- the search
 
 class Search {
@@ -561,6 +572,23 @@ class Search {
     double best_start = starts_.empty() ? kInf : starts_.front().first;
     if (best_bound != bound_starts_.end() && !done() && best_bound->first < best_start - kEps)
       local_search(std::move(best_bound->second), best_bound->first, fewer);
+    // Then, where the best schedule leaves the comm stream idle at the start (the backward
+    // opens with a long computation, such as the LM head's, before its first transfer), from
+    // each schedule that feeds the forward's first transfer first (see construct; distinct
+    // makespans, shortest first): their local optima differ, and the best need not come from
+    // the shortest start.
+    if (!done() && comm_starts_late(best_)) {
+      construct_feed_first();
+      std::stable_sort(feed_starts_.begin(), feed_starts_.end(),
+                       [](const auto& x, const auto& y) { return x.first < y.first; });
+      last = -kInf;
+      for (auto& [ms, start] : feed_starts_) {
+        if (done()) break;
+        if (ms <= last + kEps * std::max(1.0, ms)) continue;
+        last = ms;
+        local_search(std::move(start), ms, fewer);
+      }
+    }
     return best_;
   }
 
@@ -579,6 +607,14 @@ class Search {
   }
 
   int count(int r) const { return int(std::count(g_.res.begin(), g_.res.end(), r)); }
+
+  // Whether no transfer starts at the beginning of `start` (every comm task later than 0).
+  bool comm_starts_late(const Times& start) const {
+    double first = kInf;
+    for (int i = 0; i < g_.n; ++i)
+      if (g_.res[size_t(i)] == 1 && g_.dur[size_t(i)] > 0.0) first = std::min(first, start[size_t(i)]);
+    return first != kInf && first > kEps * std::max(1.0, makespan_of(g_, start));
+  }
   bool done() const { return best_ms_ <= target_; }
 
   // A constructive schedule: kept as a starting point (in `starts`, by default the main
@@ -643,17 +679,8 @@ class Search {
         if (eval_.run(o.seq[0], o.seq[1], semi, nullptr, ms)) consider(semi, "given");
       }
     std::vector<char> promoted(size_t(n), 0);
-    struct Variant {
-      const char* suffix;
-      int lookahead;
-      bool integrated;
-    };
-    const Variant variants[] = {{"", kNoLookahead, false},
-                                {"/lookahead", kFit, false},
-                                {"/integrated", kFit, true},
-                                {"/best-fit", kBestFit, true}};
     for (const auto& rule : rules) {
-      for (const auto& v : variants) {
+      for (const auto& v : kVariants) {
         Times start = backbone_gap_fit(g_, rule.key, promoted, v.lookahead, v.integrated);
         // A movable task that missed its deadline joins the backbone and the pass is retried;
         // each retry promotes at least one more task, so this ends.
@@ -682,6 +709,29 @@ class Search {
     for (const auto& rule : rules) {
       Times start = backbone_gap_fit(g_, rule.key, none, kBound, true, &tail);
       consider(std::move(start), std::string(rule.name) + "/bound", &bound_starts_);
+      if (done()) return;
+    }
+  }
+
+  // Forward feed first: the forward's tasks up to its first transfer ahead of everything
+  // else, then by bottom level, so that the comm stream starts early (under each variant).
+  // Kept apart from the main starts, like the schedules by bound: run searches from them only
+  // where the comm stream starts late, so every other pair's search is unchanged.
+  void construct_feed_first() {
+    const int n = g_.n;
+    int first_comm = -1;
+    for (int i = 0; i < n && first_comm < 0; ++i)
+      if (g_.side[size_t(i)] == 0 && g_.res[size_t(i)] == 1) first_comm = i;
+    if (first_comm < 0) return;
+    Times feed = bottom_levels(g_, g_.dur);
+    double scale = 1.0;
+    for (double x : feed) scale = std::max(scale, x);
+    for (int i = 0; i < n; ++i)
+      if (i == first_comm || g_.ancestor(i, first_comm)) feed[size_t(i)] += scale;
+    std::vector<char> none(size_t(n), 0);
+    for (const auto& v : kVariants) {
+      consider(backbone_gap_fit(g_, feed, none, v.lookahead, v.integrated), std::string("forward-feed") + v.suffix,
+               &feed_starts_);
       if (done()) return;
     }
   }
@@ -925,6 +975,7 @@ class Search {
   double best_ms_ = kInf, cur_ms_ = kInf;
   std::vector<std::pair<double, Times>> starts_;  // constructive schedules and their makespans
   std::vector<std::pair<double, Times>> bound_starts_;  // those made with look-ahead by bound
+  std::vector<std::pair<double, Times>> feed_starts_;   // those feeding the forward's first transfer first
   Times head_, tail_;
   std::vector<char> all_;
   std::vector<int> fit_pred_, fit_succ_, fit_order_, fit_missing_;

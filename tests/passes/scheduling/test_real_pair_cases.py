@@ -6,7 +6,9 @@ CP-SAT reached (proven optimal or not) and the one gap-fit reached before. Both 
 the LM head's backward or a long attention core, and the compute stream is the bottleneck:
 the optimum keeps that stream busy (a long weight gradient started while a short wait for an
 All-to-All would leave it idle; the forward's transfer first on the comm stream), which the
-look-ahead by bound and the merges led by either side now find.
+look-ahead by bound and the merges led by either side now find. In the last case the comm
+stream waits for the LM head's dgrad unless the forward's first transfer is fed first (the
+forward-feed-first starts, searched where no transfer starts at time 0).
 """
 
 from __future__ import annotations
