@@ -173,98 +173,124 @@ def comm_rate(neighbour: ContendedTask, params: ContentionParams) -> float:
 
 
 def retime(tasks: Sequence[ContendedTask], params: ContentionParams) -> RetimedPair:
-    """Execute the schedule event by event under the contention model (see the module docstring)."""
+    """Execute the schedule event by event under the contention model (see the module docstring).
+
+    Tasks are held by their index in ``tasks``; every time is computed by the same operations in
+    the same order as written in the docstring's terms, so the result does not depend on how the
+    loop is written (the profile pass re-times every distinct pair twice, so this loop is hot).
+    """
     names = [t.name for t in tasks]
     if len(set(names)) != len(names):
         raise ContentionError("task names repeat in the schedule")
-    known = set(names)
+    index = {name: i for i, name in enumerate(names)}
     for t in tasks:
         if t.resource not in (COMPUTE, COMM):
             raise ContentionError(f"task '{t.name}' has resource '{t.resource}'; use 'compute' or 'comm'")
         if t.duration < 0:
             raise ContentionError(f"task '{t.name}' has negative duration {t.duration}")
         for d in t.deps:
-            if d not in known:
+            if d not in index:
                 raise ContentionError(f"task '{t.name}' depends on '{d}', which is not in the schedule")
-    streams = {r: sorted((t for t in tasks if t.resource == r), key=lambda t: t.order) for r in (COMPUTE, COMM)}
-    pos = {COMPUTE: 0, COMM: 0}
-    running: dict[str, ContendedTask | None] = {COMPUTE: None, COMM: None}
-    remaining: dict[str, float] = {}
+    n = len(tasks)
+    duration = [t.duration for t in tasks]
+    # Stream 0 computes, stream 1 communicates; each runs its tasks in schedule order.
+    stream_of = [0 if t.resource == COMPUTE else 1 for t in tasks]
+    streams = [sorted((i for i in range(n) if stream_of[i] == r), key=lambda i: tasks[i].order) for r in (0, 1)]
+    sync = params.cross_stream_sync_us
+    # Per dependency, the hand-off delay it adds (the other stream's) to its finish time.
+    deps = [[(index[d], sync if stream_of[index[d]] != stream_of[i] else 0.0) for d in t.deps] for i, t in enumerate(tasks)]
+    # Rates while both streams run: a compute task's own, and that of the comm task beside it.
+    compute_rates = [compute_rate(t, params) if stream_of[i] == 0 else 1.0 for i, t in enumerate(tasks)]
+    comm_rates = [comm_rate(t, params) if stream_of[i] == 0 else 1.0 for i, t in enumerate(tasks)]
+    comm_wait = params.comm_wait_beside_compute_us
+    pos = [0, 0]
+    running = [-1, -1]
+    remaining = [0.0] * n
     # Comm tasks' outstanding wait for a processor (see the module docstring).
-    wait: dict[str, float] = {}
-    start: dict[str, float] = {}
-    finish: dict[str, float] = {}
+    wait = [0.0] * n
+    start = [0.0] * n
+    finish = [0.0] * n
+    ended = [False] * n
+    started: list[int] = []  # in the order the tasks started, and finished
+    finished: list[int] = []
+    release: list[float | None] = [None] * n  # once a task's deps have all finished, when it may start
     now = 0.0
     # Completions are processed in the same loop iteration they happen in, so
     # zero-duration tasks and chains of them cost no time.
-    by_name = {t.name: t for t in tasks}
 
-    release: dict[str, float] = {}  # once a task's deps have all finished, when it may start (never changes)
-
-    def released(t: ContendedTask) -> float | None:
-        """When ``t`` may start: its deps' finish, plus the hand-off delay for deps on the other stream."""
-        at = release.get(t.name)
+    def released(i: int) -> float | None:
+        """When task ``i`` may start: its deps' finish, plus the hand-off delay for deps on the other stream."""
+        at = release[i]
         if at is not None:
             return at
-        if not all(d in finish for d in t.deps):
-            return None
-        at = release[t.name] = max(
-            (finish[d] + (params.cross_stream_sync_us if by_name[d].resource != t.resource else 0.0) for d in t.deps),
-            default=0.0,
-        )
+        ends = []
+        for d, delay in deps[i]:
+            if not ended[d]:
+                return None
+            ends.append(finish[d] + delay)
+        at = release[i] = max(ends, default=0.0)
         return at
 
-    while len(finish) < len(tasks):
+    while len(finished) < n:
         waiting: list[float] = []  # release times of stream heads held only by a hand-off delay
-        for r in (COMPUTE, COMM):
-            if running[r] is None and pos[r] < len(streams[r]):
+        for r in (0, 1):
+            if running[r] < 0 and pos[r] < len(streams[r]):
                 nxt = streams[r][pos[r]]
                 at = released(nxt)
                 if at is not None and at <= now + 1e-12 * max(1.0, now):
                     running[r] = nxt
-                    start[nxt.name] = now
-                    remaining[nxt.name] = nxt.duration
-                    if r == COMM and nxt.duration > 0:
-                        wait[nxt.name] = params.comm_wait_beside_compute_us
+                    start[nxt] = now
+                    started.append(nxt)
+                    remaining[nxt] = duration[nxt]
+                    if r == 1 and duration[nxt] > 0:
+                        wait[nxt] = comm_wait
                     pos[r] += 1
                 elif at is not None:
                     waiting.append(at)
-        active = {r: t for r, t in running.items() if t is not None}
-        if not active:
+        comp, comm = running
+        if comp < 0 and comm < 0:
             if waiting:
                 now = min(waiting)
                 continue
-            stuck = [streams[r][pos[r]].name for r in streams if pos[r] < len(streams[r])]
+            stuck = [names[streams[r][pos[r]]] for r in (0, 1) if pos[r] < len(streams[r])]
             raise ContentionError(f"the stream order deadlocks: {', '.join(stuck)} wait on later tasks of their streams")
-        rates = {r: 1.0 for r in active}
-        stalled = None  # the comm task waiting for a processor, if any
-        if len(active) == 2:
-            comp = active[COMPUTE]
-            if wait.get(active[COMM].name, 0.0) > 0.0:
-                stalled = active[COMM].name
-                rates[COMM] = 0.0  # not running yet, so it slows nothing either
+        rate_compute = rate_comm = 1.0
+        stalled = -1  # the comm task waiting for a processor, if any
+        if comp >= 0 and comm >= 0:
+            if wait[comm] > 0.0:
+                stalled = comm
+                rate_comm = 0.0  # not running yet, so it slows nothing either
             else:
-                rates[COMPUTE] = compute_rate(comp, params)
-                rates[COMM] = comm_rate(comp, params)
-        elif COMM in active:
-            wait.pop(active[COMM].name, None)  # alone: the comm thread has a core now
-        dt = min(remaining[t.name] / rates[r] for r, t in active.items() if rates[r] > 0)
-        if stalled is not None:
+                rate_compute = compute_rates[comp]
+                rate_comm = comm_rates[comp]
+        elif comm >= 0:
+            wait[comm] = 0.0  # alone: the comm thread has a core now
+        if comp >= 0:
+            dt = remaining[comp] / rate_compute
+            if comm >= 0 and rate_comm > 0:
+                dt = min(dt, remaining[comm] / rate_comm)
+        else:
+            dt = remaining[comm] / rate_comm
+        if stalled >= 0:
             dt = min(dt, wait[stalled])
         if waiting:
             dt = min(dt, min(waiting) - now)
         now += dt
-        if stalled is not None:
+        if stalled >= 0:
             wait[stalled] = max(0.0, wait[stalled] - dt)
-            if wait[stalled] <= 1e-9 * max(1.0, params.comm_wait_beside_compute_us):
+            if wait[stalled] <= 1e-9 * max(1.0, comm_wait):
                 wait[stalled] = 0.0
-        for r, t in active.items():
-            if rates[r] == 0.0:
+        for r, i, rate in ((0, comp, rate_compute), (1, comm, rate_comm)):
+            if i < 0 or rate == 0.0:
                 continue
-            remaining[t.name] -= dt * rates[r]
+            remaining[i] -= dt * rate
             # Relative tolerance: the task that defined dt ends exactly; others
             # within rounding of zero end too.
-            if remaining[t.name] <= 1e-9 * max(1.0, t.duration):
-                finish[t.name] = now
-                running[r] = None
-    return RetimedPair(start, finish, max(finish.values(), default=0.0), sum(t.duration for t in tasks))
+            if remaining[i] <= 1e-9 * max(1.0, duration[i]):
+                finish[i] = now
+                ended[i] = True
+                finished.append(i)
+                running[r] = -1
+    start_of = {names[i]: start[i] for i in started}
+    finish_of = {names[i]: finish[i] for i in finished}
+    return RetimedPair(start_of, finish_of, max(finish_of.values(), default=0.0), sum(t.duration for t in tasks))

@@ -180,3 +180,27 @@ def test_more_contention_never_makes_a_pair_faster(tasks, low, extra):
     # Never faster than the busier stream alone.
     for resource in ("compute", "comm"):
         assert sum(t.duration for t in tasks if t.resource == resource) <= free.makespan + 1e-6
+
+
+@settings(max_examples=80, deadline=None)
+@given(schedules(), st.floats(0.0, 50.0), st.floats(0.0, 50.0), st.floats(0.0, 0.9), st.floats(0.0, 1.0))
+def test_every_retimed_schedule_keeps_its_orders_and_dependencies(tasks, sync, wait, share, slowdown):
+    params = ContentionParams(share, 0.0, slowdown, 0.0, cross_stream_sync_us=sync, comm_wait_beside_compute_us=wait)
+    got = retime(tasks, params)
+    by_name = {t.name: t for t in tasks}
+    assert set(got.start) == set(got.finish) == set(by_name)
+    tol = 1e-6
+    for t in tasks:
+        # Never faster than alone; a task starts after its dependencies, plus the hand-off delay across streams.
+        assert got.finish[t.name] - got.start[t.name] >= t.duration - tol
+        for d in t.deps:
+            delay = sync if by_name[d].resource != t.resource else 0.0
+            assert got.start[t.name] >= got.finish[d] + delay - tol
+    for resource in ("compute", "comm"):
+        stream = sorted((t for t in tasks if t.resource == resource), key=lambda t: t.order)
+        for a, b in zip(stream, stream[1:]):  # one task at a time, in schedule order
+            assert got.start[b.name] >= got.finish[a.name] - tol
+    # Start and finish are recorded in the order the events happened.
+    assert list(got.start.values()) == sorted(got.start.values())
+    assert list(got.finish.values()) == sorted(got.finish.values())
+    assert got.makespan == max(got.finish.values(), default=0.0)
