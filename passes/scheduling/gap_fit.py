@@ -34,7 +34,11 @@ into a :class:`~passes.scheduling.schedule.PairSchedule`.
      scheduling with look-ahead, the task with the longest tail first. This is where the
      pairs that balance computation and communication are won: their optimum keeps the
      All-to-All stream busy with one side's transfer while the other side computes, which a
-     greedy order rarely finds.
+     greedy order rarely finds. On a short transfer stream (at most 12 tasks), when every
+     single move is cut by the bound (none can beat the current schedule), the step tries two
+     moves at once: a long transfer of one side may have to wait behind several of the other
+     side's while a later one of its own moves the other way, and either move alone delays the
+     critical chain.
 
    The two alternate while they improve. The look-ahead-by-bound schedules are kept apart:
    the local search runs from the best few other starting points as before and then once

@@ -290,6 +290,9 @@ class Evaluator {
 // ---------------------------------------------------------------- constructive schedules
 
 constexpr int kNoLookahead = 0, kFit = 1, kBestFit = 2, kBound = 3;
+// The longest stream order on which the merge search tries two moves at once when no single
+// move passes its bound (the pairs of moves grow as the fourth power of the length).
+constexpr int kPairedMovesMaxTasks = 12;
 
 // Event-driven list scheduling of the backbone tasks: whenever a stream can start
 // something, its ready task of highest priority goes; with look-ahead, a stream about to
@@ -800,6 +803,35 @@ class Search {
     return bound;
   }
 
+  // Where task `u` may go back into `base` (its stream's order without it): after its
+  // ancestors and before its descendants, positions lo..hi.
+  std::pair<size_t, size_t> move_range(const std::vector<int>& base, int u) const {
+    size_t lo = 0, hi = base.size();
+    for (size_t k = 0; k < base.size(); ++k) {
+      if (g_.ancestor(base[k], u)) lo = k + 1;
+      if (hi == base.size() && g_.ancestor(u, base[k])) hi = k;
+    }
+    return {lo, hi};
+  }
+
+  // Every order one move away from `order`: a task taken out and put back elsewhere, after
+  // its ancestors and before its descendants on the stream.
+  std::vector<std::vector<int>> single_moves(const std::vector<int>& order) const {
+    std::vector<std::vector<int>> out;
+    for (size_t a = 0; a < order.size(); ++a) {
+      int u = order[a];
+      std::vector<int> base = order;
+      base.erase(base.begin() + long(a));
+      auto [lo, hi] = move_range(base, u);
+      for (size_t b = lo; b <= hi; ++b) {
+        if (b == a) continue;
+        out.push_back(base);
+        out.back().insert(out.back().begin() + long(b), u);
+      }
+    }
+    return out;
+  }
+
   void merge_search(int fixed) {
     if (all_.empty()) {
       all_.assign(size_t(g_.n), 1);
@@ -875,11 +907,7 @@ class Search {
         base = current;
         base.erase(base.begin() + long(a));
         // Positions that keep u after its ancestors and before its descendants on the stream.
-        size_t lo = 0, hi = base.size();
-        for (size_t k = 0; k < base.size(); ++k) {
-          if (g_.ancestor(base[k], u)) lo = k + 1;
-          if (hi == base.size() && g_.ancestor(u, base[k])) hi = k;
-        }
+        auto [lo, hi] = move_range(base, u);
         if (opt_.merge_span > 0) {
           lo = std::max(lo, a > size_t(opt_.merge_span) ? a - size_t(opt_.merge_span) : size_t(0));
           hi = std::min(hi, a + size_t(opt_.merge_span));
@@ -899,6 +927,26 @@ class Search {
             best_start = start;
           }
         }
+      }
+      if (best_trial_ms == kInf && m <= size_t(kPairedMovesMaxTasks)) {
+        // Every single move was cut by the bound (none can beat the current schedule): two
+        // moves at once, on a short stream only. A long transfer of one side can need to move
+        // past several of the other side's while a later one of its own moves the other way
+        // (the forward kept going while the backward's long first transfer waits), and
+        // either move alone delays the critical chain.
+        for (const auto& first : single_moves(current))
+          for (auto& second : single_moves(first)) {
+            uint64_t h = hash(second);
+            if (seen.count(h) || chain_bound(second) >= cur_ms_ - kEps) continue;
+            seen.insert(h);
+            double ms;
+            if (!fit(second, start, ms)) continue;
+            if (ms < best_trial_ms - kEps) {
+              best_trial_ms = ms;
+              best_trial = std::move(second);
+              best_start = start;
+            }
+          }
       }
       if (best_trial_ms == kInf) break;
       best_start = justify(g_, std::move(best_start));
@@ -936,11 +984,7 @@ class Search {
         size_t a = size_t(std::find(seq.begin(), seq.end(), u) - seq.begin());
         base = seq;
         base.erase(base.begin() + long(a));
-        size_t lo = 0, hi = base.size();
-        for (size_t k = 0; k < base.size(); ++k) {
-          if (g_.ancestor(base[k], u)) lo = k + 1;
-          if (hi == base.size() && g_.ancestor(u, base[k])) hi = k;
-        }
+        auto [lo, hi] = move_range(base, u);
         for (size_t b = lo; b <= hi; ++b) {
           if (b == a) continue;
           trial = base;

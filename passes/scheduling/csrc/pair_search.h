@@ -18,7 +18,8 @@
 //   2. merge search: the order of the stream with fewer tasks (the All-to-All stream: a merge
 //      of the forward and backward transfer chains), started from the two chains spread into
 //      each other (each into the other, at several phases), is improved by moving one of its
-//      tasks at a time, the other stream re-fitted around each candidate order;
+//      tasks at a time (two at a time on a short stream when no single move passes the
+//      bound), the other stream re-fitted around each candidate order;
 //   3. critical reinsertion: a task on the critical path is taken out of its stream's order
 //      and put back where the makespan drops most, until no such move is left.
 // Phases 2 and 3 alternate while they improve. Where the best schedule starts no transfer at

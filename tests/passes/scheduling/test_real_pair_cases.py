@@ -1,14 +1,16 @@
 """Pair DAGs from real plans on which gap-fit used to stay above the best exact schedule.
 
 Each case (``data/real_pair_cases.json``) is a distinct pair DAG the candidates pass produced
-for Qwen3-235B-A22B at EP16, from the real-plan suite's seeded sample, with the makespan
+for Qwen3-235B-A22B at EP16 (and, the last, for the 1T synthetic model), from the real-plan suite's seeded sample, with the makespan
 CP-SAT reached (proven optimal or not) and the one gap-fit reached before. Both chunks hold
 the LM head's backward or a long attention core, and the compute stream is the bottleneck:
 the optimum keeps that stream busy (a long weight gradient started while a short wait for an
 All-to-All would leave it idle; the forward's transfer first on the comm stream), which the
 look-ahead by bound and the merges led by either side now find. In the last case the comm
 stream waits for the LM head's dgrad unless the forward's first transfer is fed first (the
-forward-feed-first starts, searched where no transfer starts at time 0).
+forward-feed-first starts, searched where no transfer starts at time 0). In the 1T case the
+backward's long first transfer must wait behind the forward's, which takes two moves of the
+transfer order at once (the merge search's paired moves, where no single move passes its bound).
 """
 
 from __future__ import annotations
