@@ -51,6 +51,12 @@ into a :class:`~passes.scheduling.schedule.PairSchedule`.
    schedules. The optimum of such a pair starts the forward's transfer while the head
    computes; every priority rule above starts the head first, and no single move of the
    local search gets from there to it. Searched last, so no result gets worse.
+4. For a pair whose compute stream has the more work, unless already at the lower bound: the
+   local search once more from the best schedule, each merge-search fit list-scheduling the
+   compute stream both with the greedy look-ahead and with look-ahead by bound and keeping the
+   shorter. The greedy fit leaves the compute stream idle rather than start a long weight
+   gradient in a wait, which in a compute-bound pair adds straight to the makespan. Only the
+   best schedule can change, and only for the better; other pairs pay nothing.
 
 The search stops as soon as the makespan reaches the lower bound (the busier stream, the
 critical path, Jackson's preemptive bound of each stream with heads and tails), which proves

@@ -549,6 +549,9 @@ class Search {
   Search(const Dag& g, const Options& opt, Stats& stats) : g_(g), opt_(opt), stats_(stats), eval_(g) {
     stats_.lower_bound = lower_bound(g);
     target_ = stats_.lower_bound + kEps * std::max(1.0, stats_.lower_bound);
+    double work[2] = {0.0, 0.0};
+    for (int i = 0; i < g.n; ++i) work[g.res[size_t(i)]] += g.dur[size_t(i)];
+    compute_bound_ = work[0] > work[1];
   }
 
   Times run(const std::vector<std::vector<double>>& initial) {
@@ -591,6 +594,15 @@ class Search {
         last = ms;
         local_search(std::move(start), ms, fewer);
       }
+    }
+    // Last, for a pair whose compute stream has the more work: the local search once more from
+    // the best schedule, each fit also trying look-ahead by bound (a long weight gradient
+    // started in a wait rather than the stream left idle) and keeping the shorter. Only the
+    // best schedule can change, and only for the better.
+    if (compute_bound_ && !done()) {
+      bound_fit_ = true;
+      local_search(best_, best_ms_, fewer);
+      bound_fit_ = false;
     }
     return best_;
   }
@@ -789,6 +801,14 @@ class Search {
     out = list_schedule(g_, all_, tail, kFit, &extra_pred, &extra_succ);
     if (!meets_deadlines(g_, out)) return false;
     ms = makespan_of(g_, out);
+    if (bound_fit_) {  // also by bound (see run), the shorter kept
+      Times alt = list_schedule(g_, all_, tail, kBound, &extra_pred, &extra_succ, &tail);
+      double alt_ms = makespan_of(g_, alt);
+      if (alt_ms < ms && meets_deadlines(g_, alt)) {
+        out = std::move(alt);
+        ms = alt_ms;
+      }
+    }
     return true;
   }
 
@@ -1015,6 +1035,8 @@ class Search {
   Stats& stats_;
   Evaluator eval_;
   double target_ = 0.0;
+  bool compute_bound_ = false;  // the compute stream has more work than the comm stream
+  bool bound_fit_ = false;      // fit also tries list scheduling with look-ahead by bound
   Times best_, cur_;
   double best_ms_ = kInf, cur_ms_ = kInf;
   std::vector<std::pair<double, Times>> starts_;  // constructive schedules and their makespans

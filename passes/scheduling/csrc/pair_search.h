@@ -24,7 +24,8 @@
 //      and put back where the makespan drops most, until no such move is left.
 // Phases 2 and 3 alternate while they improve. Where the best schedule starts no transfer at
 // time 0, the search runs once more from the schedules that feed the forward's first transfer
-// first. The search stops as soon as the makespan
+// first; for a compute-bound pair, once more from the best schedule with each fit also
+// list-scheduling by bound. The search stops as soon as the makespan
 // reaches the lower bound (it is then optimal). Everything is deterministic: ties are
 // broken by task number, there is no randomness and no clock.
 #pragma once

@@ -11,6 +11,9 @@ stream waits for the LM head's dgrad unless the forward's first transfer is fed 
 forward-feed-first starts, searched where no transfer starts at time 0). In the 1T case the
 backward's long first transfer must wait behind the forward's, which takes two moves of the
 transfer order at once (the merge search's paired moves, where no single move passes its bound).
+The last, compute-bound, needs the fit around a transfer order to start a long weight gradient
+in a wait rather than idle (the final local search of a compute-bound pair, fitting with
+look-ahead by bound too).
 """
 
 from __future__ import annotations
