@@ -559,18 +559,9 @@ class Search {
     if (best_.empty())
       throw std::runtime_error("no schedule of the pair meets the deadlines of its movable tasks");
     int fewer = count(0) < count(1) ? 0 : 1;
-    // Local search from each of the best few constructive schedules (distinct makespans):
-    // they lead to different local optima.
-    std::stable_sort(starts_.begin(), starts_.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
-    int runs = 0;
-    double last = -kInf;
-    for (auto& [ms, start] : starts_) {
-      if (runs >= opt_.starts || done()) break;
-      if (ms <= last + kEps * std::max(1.0, ms)) continue;
-      last = ms;
-      ++runs;
-      local_search(std::move(start), ms, fewer);
-    }
+    // Local search from each of the best few constructive schedules: they lead to different
+    // local optima.
+    search_from(starts_, opt_.starts, fewer);
     // Then from the best look-ahead-by-bound schedule (see construct), when it is shorter than
     // every other start (it then leads where the others' searches do not).
     auto best_bound = std::min_element(bound_starts_.begin(), bound_starts_.end(),
@@ -580,20 +571,11 @@ class Search {
       local_search(std::move(best_bound->second), best_bound->first, fewer);
     // Then, where the best schedule leaves the comm stream idle at the start (the backward
     // opens with a long computation, such as the LM head's, before its first transfer), from
-    // each schedule that feeds the forward's first transfer first (see construct; distinct
-    // makespans, shortest first): their local optima differ, and the best need not come from
-    // the shortest start.
+    // each schedule that feeds the forward's first transfer first (see construct_feed_first):
+    // their local optima differ, and the best need not come from the shortest start.
     if (!done() && comm_starts_late(best_)) {
       construct_feed_first();
-      std::stable_sort(feed_starts_.begin(), feed_starts_.end(),
-                       [](const auto& x, const auto& y) { return x.first < y.first; });
-      last = -kInf;
-      for (auto& [ms, start] : feed_starts_) {
-        if (done()) break;
-        if (ms <= last + kEps * std::max(1.0, ms)) continue;
-        last = ms;
-        local_search(std::move(start), ms, fewer);
-      }
+      search_from(feed_starts_, std::numeric_limits<int>::max(), fewer);
     }
     // Last, for a pair whose compute stream has the more work: the local search once more from
     // the best schedule, each fit also trying look-ahead by bound (a long weight gradient
@@ -608,6 +590,20 @@ class Search {
   }
 
  private:
+  // Local search from each of `starts` with a distinct makespan, shortest first, `limit` at most.
+  void search_from(std::vector<std::pair<double, Times>>& starts, int limit, int fewer) {
+    std::stable_sort(starts.begin(), starts.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+    int runs = 0;
+    double last = -kInf;
+    for (auto& [ms, start] : starts) {
+      if (runs >= limit || done()) break;
+      if (ms <= last + kEps * std::max(1.0, ms)) continue;
+      last = ms;
+      ++runs;
+      local_search(std::move(start), ms, fewer);
+    }
+  }
+
   // Alternating critical reinsertion and merge search from one starting schedule.
   void local_search(Times start, double ms, int fewer) {
     cur_ = std::move(start);
