@@ -586,6 +586,12 @@ class Search {
       local_search(best_, best_ms_, fewer);
       bound_fit_ = false;
     }
+    // Last of all, two swaps at once on the best schedule's transfer order (see swap_pairs),
+    // and the local search again from each one that helps.
+    bound_fit_ = compute_bound_;
+    for (int round = 0; round < opt_.rounds && !done() && swap_pairs(fewer); ++round)
+      local_search(best_, best_ms_, fewer);
+    bound_fit_ = false;
     return best_;
   }
 
@@ -977,6 +983,41 @@ class Search {
         stats_.last_gain = int(stats_.merge_steps);
       }
     }
+  }
+
+  // Two swaps of neighbouring tasks at once in the best schedule's order of stream `fixed`, the
+  // other stream re-fitted: the best schedule replaced by the shortest that beats it. Where a
+  // transfer of each side must overtake one of the other side's at two places (the backward's
+  // combine ahead of the forward's, and its dispatch ahead of the forward's next), each swap
+  // alone holds up a chain the other one frees, so no single move of the merge search helps.
+  // Returns whether the best schedule changed.
+  bool swap_pairs(int fixed) {
+    if (all_.empty()) return false;  // the merge search never ran: no heads and tails yet
+    const std::vector<int> order = orders_of(g_, best_).seq[fixed];
+    const size_t m = order.size();
+    double found_ms = best_ms_;
+    Times found, start;
+    std::vector<int> trial;
+    for (size_t a = 0; a + 3 < m; ++a) {
+      if (g_.ancestor(order[a], order[a + 1])) continue;
+      for (size_t b = a + 2; b + 1 < m; ++b) {
+        if (g_.ancestor(order[b], order[b + 1])) continue;
+        trial = order;
+        std::swap(trial[a], trial[a + 1]);
+        std::swap(trial[b], trial[b + 1]);
+        if (chain_bound(trial) >= found_ms - kEps) continue;
+        double ms;
+        if (!fit(trial, start, ms) || ms >= found_ms - kEps) continue;
+        found_ms = ms;
+        found = start;
+      }
+    }
+    if (found.empty()) return false;
+    found = justify(g_, std::move(found));
+    double ms = makespan_of(g_, found);
+    if (ms >= best_ms_ - kEps || !meets_deadlines(g_, found)) return false;
+    improve(found, ms, "swap-pairs");
+    return true;
   }
 
   // ------------------------------------------------------------ critical reinsertion

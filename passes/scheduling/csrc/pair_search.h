@@ -25,7 +25,8 @@
 // Phases 2 and 3 alternate while they improve. Where the best schedule starts no transfer at
 // time 0, the search runs once more from the schedules that feed the forward's first transfer
 // first; for a compute-bound pair, once more from the best schedule with each fit also
-// list-scheduling by bound. The search stops as soon as the makespan
+// list-scheduling by bound; last, from the best schedule, two neighbouring transfers swapped at
+// two places at once (swap_pairs). The search stops as soon as the makespan
 // reaches the lower bound (it is then optimal). Everything is deterministic: ties are
 // broken by task number, there is no randomness and no clock.
 #pragma once

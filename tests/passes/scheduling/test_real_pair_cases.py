@@ -13,7 +13,8 @@ backward's long first transfer must wait behind the forward's, which takes two m
 transfer order at once (the merge search's paired moves, where no single move passes its bound).
 The last, compute-bound, needs the fit around a transfer order to start a long weight gradient
 in a wait rather than idle (the final local search of a compute-bound pair, fitting with
-look-ahead by bound too).
+look-ahead by bound too). In the EP32 case the optimum's transfer order swaps two pairs of
+neighbouring transfers of different sides at once (the search's last phase, swap_pairs).
 """
 
 from __future__ import annotations
