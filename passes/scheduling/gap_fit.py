@@ -57,8 +57,9 @@ into a :class:`~passes.scheduling.schedule.PairSchedule`.
    shorter. The greedy fit leaves the compute stream idle rather than start a long weight
    gradient in a wait, which in a compute-bound pair adds straight to the makespan. Only the
    best schedule can change, and only for the better; other pairs pay nothing.
-5. Last, unless at the lower bound: every order of the best schedule's transfer stream with two
-   swaps of neighbouring tasks at once (at two places), the compute stream re-fitted around
+5. Last, unless at the lower bound, on a transfer stream of at most 32 tasks: every order of the
+   best schedule's transfer stream with two swaps of neighbouring tasks at once (at two places),
+   the compute stream re-fitted around
    each; the shortest that beats the best schedule replaces it, and the local search runs again
    from there. Where a transfer of each side must overtake one of the other side's at two places
    (the backward's combine ahead of the forward's, and its dispatch ahead of the forward's next),
