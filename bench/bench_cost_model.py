@@ -48,12 +48,14 @@ import tempfile
 import time
 from dataclasses import asdict
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from runtime.pair_executor import ExecTask as ExecTaskType
     from tessera_ir.model import PlanOp as PlanOpType
+    from tessera_ir.model import Task
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -112,6 +114,11 @@ def task_label(e: ExecTaskType) -> str:
     return f"copy {e.bytes / 1e3:.1f} kB"
 
 
+def task_key(e: ExecTaskType) -> tuple:
+    """What a task's time on its own depends on: its stream and its executed work."""
+    return (e.resource, e.flops, e.bytes, tuple(e.shapes))
+
+
 def per_task_rows(
     source: str, module, hw, executor, repeats: int, statistic: str,  # noqa: ANN001
 ) -> list[dict]:
@@ -119,12 +126,13 @@ def per_task_rows(
     pairs ran at, between reference-kernel readings), against its analytic isolated duration.
 
     A task is read as the calibration reads it: a compute task as distinct copies of it back to
-    back for about a pair's length (``CHAIN_WINDOW_US``), an All-to-All on its own; the chain's
-    time (the ``statistic`` of the repeats, each the slowest rank's) over its length, times the reference's calibrated time over the same
+    back for about a pair's length (``CHAIN_WINDOW_US``), the chain's time (the ``statistic`` of
+    the repeats, each the slowest rank's wall time) over its length; an All-to-All on its own, its
+    own duration (the slowest rank's); either times the reference's calibrated time over the same
     statistic of the readings around it (each as long as the chain)."""
     from dataclasses import replace
 
-    from passes.costs.calibrate_cpu import CHAIN_WINDOW_US, MAX_CHAIN, reference_tasks
+    from passes.costs.calibrate_cpu import CHAIN_WINDOW_US, MAX_CHAIN, reference_tasks, slowest_rank_time
     from passes.costs.durations import analytic_duration_us
     from passes.costs.execution import MAX_REFERENCE_RUNS, exec_tasks
     from passes.plan_view import PlanView
@@ -141,7 +149,7 @@ def per_task_rows(
     for pair in view.pairs:
         items = view.scheduled_tasks(pair)
         for e, item in zip(exec_tasks(items, scale, "fp32", hw, view.parallel), items):
-            key = (e.resource, e.flops, e.bytes, tuple(e.shapes))
+            key = task_key(e)
             kind = item.task.kind
             if key in seen:
                 if kind not in seen[key]["kinds"]:
@@ -156,14 +164,59 @@ def per_task_rows(
             chain = [replace(e, name=f"{e.name}#{i}", deps=(), order=i) for i in range(count)]
             runs = max(1, min(MAX_REFERENCE_RUNS, round(count * predicted / reference_us)))  # as long as the chain
             m = executor.measure(chain, repeats=repeats, warmup=1, reference=reference, reference_runs=runs)
-            wall = m.min_us if statistic == "min" else m.median_us
-            measured = wall / count * reference_us / pick(m.reference_us)
+            if count == 1:
+                # The task's own duration, as the calibration reads a lone All-to-All: the pair's wall
+                # time would add the executor's fixed cost per pair, which no task pays.
+                own = slowest_rank_time(m, chain[0].name, statistic)
+            else:
+                own = (m.min_us if statistic == "min" else m.median_us) / count
+            measured = own * reference_us / pick(m.reference_us)
             seen[key] = {
-                "source": source, "task": task_label(e), "kinds": [kind], "resource": e.resource,
+                "source": source, "task": task_label(e), "key": key, "kinds": [kind], "resource": e.resource,
                 "predicted_us": predicted, "measured_us": measured, "error": (predicted - measured) / measured,
                 "gflops": flops / measured / 1e3 if flops else 0.0,
             }
     return list(seen.values())
+
+
+def measured_duration(durations: dict[str, float], task: Task) -> float:
+    """A task's measured duration on its own, by name (``with_measured_tasks``)."""
+    return durations[task.name]
+
+
+def with_measured_tasks(module, hw, world: int, measured: dict[tuple, float]) -> dict[str, float]:  # noqa: ANN001
+    """Each pair's contention-model makespan (µs at the executed size, with the executor's fixed cost
+    per pair, as profiling predicts it) when every task lasts what it measured on its own
+    (``measured``, by :func:`task_key`) instead of its analytic duration: what is left of a pair's
+    error is the overlap model's, not the isolated durations'."""
+    from dataclasses import replace
+
+    from passes.costs.contention import ContentionParams, retime
+    from passes.costs.durations import task_utilisation
+    from passes.costs.execution import exec_tasks
+    from passes.costs.pair_costs import contended_tasks
+    from passes.plan_view import PlanView
+    from runtime.pair_executor import executed_work
+
+    target = PlanView(module)
+    view = PlanView(module, device=hw, parallel=replace(target.parallel, dtype="fp32", ep=world))
+    scale = float(module.attrs["profile_scale"])
+    params = ContentionParams.from_hardware(hw, view.parallel.ep)
+    overhead = float(hw.extra.get("pair_overhead_us", 0.0))
+    out = {}
+    for pair in view.pairs:
+        items = view.scheduled_tasks(pair)
+        execs = exec_tasks(items, scale, "fp32", hw, view.parallel)
+        executed, durations = [], {}
+        for s, e in zip(items, execs):
+            flops, nbytes = executed_work(e, world)
+            executed.append(replace(s, task=replace(s.task, flops=flops, bytes=nbytes, attrs={})))
+            durations[s.task.name] = measured[task_key(e)]
+        tasks = contended_tasks(
+            executed, partial(measured_duration, durations), lambda t: task_utilisation(t, hw, view.parallel)
+        )
+        out[pair.name] = retime(tasks, params).makespan + overhead
+    return out
 
 
 def reference_first_touch(hw, executor, runs: int) -> dict[str, float]:  # noqa: ANN001
@@ -247,6 +300,7 @@ def main() -> int:
             )
             PassManager(parse_pipeline(pipeline)).run(module)
             per_round.append({op.name: dict(op.attrs) for _, op in pairs})
+        hybrid: dict[str, float] = {}
         if not args.no_tasks:
             from runtime.pair_executor import PairExecutor
 
@@ -255,6 +309,9 @@ def main() -> int:
                 if first_touch is None:
                     first_touch = reference_first_touch(hw, executor, 2 * repeats + 1)
                 task_rows += per_task_rows(source, module, hw, executor, repeats, args.statistic)
+            hybrid = with_measured_tasks(
+                module, hw, 2, {t["key"]: t["measured_us"] for t in task_rows if t["source"] == source}
+            )
         for label, op in pairs:
             readings = [rd[op.name] for rd in per_round]
             a = readings[0]
@@ -280,6 +337,9 @@ def main() -> int:
                 "naive_error": (a["overlap_us"] - measured) / measured,
                 "contention_error": (a["predicted_us"] - measured) / measured,
                 "raw_contention_error": (a["predicted_us"] - raw) / raw,
+                # The contention model on the tasks' measured durations (None with --no-tasks).
+                "measured_tasks_us": hybrid[op.name] if hybrid else None,
+                "measured_tasks_error": (hybrid[op.name] - measured * scale) / (measured * scale) if hybrid else None,
                 "repeats": a["profile_repeats"],
                 "rounds": args.rounds,
             })
@@ -288,8 +348,11 @@ def main() -> int:
         naive = [abs(r["naive_error"]) for r in sel]
         cont = [abs(r["contention_error"]) for r in sel]
         raw = [abs(r["raw_contention_error"]) for r in sel]
+        hyb = [abs(r["measured_tasks_error"]) for r in sel if r["measured_tasks_error"] is not None]
         return {
             "pairs": len(sel),
+            "measured_tasks_mean_error": statistics.mean(hyb) if hyb else None,
+            "measured_tasks_p95_error": pct(hyb, 95) if hyb else None,
             "naive_mean_error": statistics.mean(naive), "naive_p95_error": pct(naive, 95),
             "contention_mean_error": statistics.mean(cont), "contention_p95_error": pct(cont, 95),
             "raw_contention_mean_error": statistics.mean(raw), "raw_contention_p95_error": pct(raw, 95),
@@ -325,6 +388,19 @@ def main() -> int:
             f"{s['contention_mean_error']:10.1%} {s['contention_p95_error']:10.1%} "
             f"{s['raw_contention_mean_error']:9.1%} {s['raw_contention_p95_error']:9.1%}"
         )
+    if task_rows:
+        print(
+            "\nthe contention model on each task's measured duration on its own (the table below) instead of its "
+            "analytic one: the error left is the overlap model's"
+        )
+        print(f"{'source':15} {'fwd | bwd':14} {'predicted':>9} {'measured':>9} {'error':>7}")
+        for r in rows:
+            print(
+                f"{r['source']:15} {r['combination']:14} {r['measured_tasks_us']:9.0f} {r['measured_us']:9.0f} "
+                f"{r['measured_tasks_error']:+7.1%}"
+            )
+        for name, s in summaries.items():
+            print(f"{name:15} mean {s['measured_tasks_mean_error']:6.1%}  p95 {s['measured_tasks_p95_error']:6.1%}")
     if first_touch is not None:
         ft = first_touch
         print(

@@ -11,12 +11,13 @@ slowest rank's.
 
 - matrix-multiply throughput and per-task overhead per dtype (fp32, bf16,
   fp16), fitted as ``t = launch + flops / peak`` over square GEMMs from tiny
-  to a few milliseconds → ``peak_tflops`` and ``kernel_launch_us`` (fp32, the
+  to a few milliseconds, every side a multiple of 8 like every executed GEMM's
+  (``execution.GEMM_ALIGN``) → ``peak_tflops`` and ``kernel_launch_us`` (fp32, the
   executed dtype). This and the copy below time each size as a pair-length chain of
   distinct copies of the task (``CHAIN_WINDOW_US``), not one task on its own;
 - memory bandwidth from a large tensor copy (bytes read + written per second)
   → ``hbm_gbps``;
-- gloo All-to-All between the local processes at six sizes (Theil-Sen fit) →
+- gloo All-to-All between the local processes at nine sizes, each on its own (Theil-Sen fit) →
   ``a2a_latency_us`` and ``nvlink_gbps`` (``t = latency + bytes / bandwidth``; the ranks share one
   "node", so every byte takes that link);
 - a fully serial ping-pong chain at two lengths → the cross-stream hand-off
@@ -57,10 +58,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from passes.costs.calibration_cache import STATISTICS, WORLD_SIZE, calibration_path
-from passes.costs.execution import MAX_REFERENCE_RUNS
+from passes.costs.execution import MAX_REFERENCE_RUNS, align_dim
 from passes.costs.hardware import Hardware, load_hardware
 from passes.costs.profile_cache import software_versions
-from runtime.pair_executor import ExecTask, PairExecutor, PairMeasurement, cpu_model_name
+from runtime.pair_executor import ExecTask, PairExecutor, PairMeasurement, cpu_model_name, executed_work
 from tessera_ir.kinds import TaskOp
 
 # Length of the GEMM a small All-to-All is timed beside to read the comm thread's wait
@@ -237,7 +238,7 @@ def calibrate(executor: PairExecutor, quick: bool = False, statistic: str = "med
             times.append(t)
             if t >= target_us or n >= max_n:
                 break
-            n = min(max_n, int(n * 1.6))
+            n = min(max_n, align_dim(n * 1.6))  # aligned, as every executed GEMM is
         flops = [2.0 * k**3 for k in sizes]
         intercept, slope = _weighted_fit(flops, times)
         peak[dtype] = 1.0 / max(slope, 1e-12) / 1e6  # slope: µs per flop -> TFLOP/s
@@ -249,15 +250,19 @@ def calibrate(executor: PairExecutor, quick: bool = False, statistic: str = "med
     copy_us = chain_time(_maker(_copy, copy_bytes), repeats)
     hbm_gbps = copy_bytes / (copy_us * 1e-6) / 1e9
 
-    # t = latency + bytes / bandwidth over six sizes, fitted by Theil-Sen (median of the
+    # t = latency + bytes / bandwidth over the sizes, fitted by Theil-Sen (median of the
     # pairwise slopes, then the median intercept): one disturbed reading cannot tilt it.
     small, large = 8 << 10, (2 if quick else 16) << 20
-    sizes = [4 << 10, small, 64 << 10, 256 << 10, large // 4, large]  # bytes
+    # Dense where pairs' transfers lie (a few to a few hundred kB at the executed scale): there a
+    # lone All-to-All reads 260-440 µs with no step, and single readings scatter by ±20%, so the
+    # robust line through nine sizes prices them better than any one reading.
+    sizes = [4 << 10, small, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10, large // 4, large]  # bytes
     # Each size on its own, not as a chain: back-to-back All-to-Alls make the ranks meet again and
     # again, and a chain of them read 295-1417 µs of latency in four calibrations at load 2-4 (one
     # on its own: 223-417 µs), far from what the comm-heavy tiny pairs then took.
     times = [task_time([_a2a("a", b)], "a", 3 * repeats if b < (1 << 20) else repeats) for b in sizes]
-    latency_us, slope = _theil_sen([float(b) for b in sizes], times)
+    sent = [executed_work(_a2a("a", b), executor.world_size)[1] for b in sizes]  # as durations will read them
+    latency_us, slope = _theil_sen([float(b) for b in sent], times)
     slope = max(slope, 1e-6)  # µs per byte; guards against a noisy non-increasing fit
     a2a_gbps = 1.0 / slope / 1e3
     latency_us = max(1.0, latency_us)
@@ -299,7 +304,7 @@ def calibrate(executor: PairExecutor, quick: bool = False, statistic: str = "med
     # All-to-All beside a much longer GEMM: t_beside = t_alone + wait. The stretch is read
     # from the large one, after taking the same wait off: t_beside = wait + t_alone (1 + s).
     def cover_n(us: float) -> int:  # a GEMM of about ``us`` microseconds (time ~ n^3)
-        return max(n_gemm, int(n_gemm * (us / gemm_alone) ** (1 / 3)))
+        return max(n_gemm, align_dim(n_gemm * (us / gemm_alone) ** (1 / 3)))
 
     # The reading is the All-to-All's end time from the pair's start, not its duration:
     # the comm thread's own wake-up waits for a core too, before its timer starts. The
@@ -309,10 +314,11 @@ def calibrate(executor: PairExecutor, quick: bool = False, statistic: str = "med
     def wait_reading(tasks: list[ExecTask], n: int) -> float:
         return at_reference.measure(tasks, repeats=n, warmup=1).task_end_mean_us["a"]
 
-    small_alone = wait_reading([_a2a("a", sizes[2])], 3 * repeats)
+    wait_bytes = 64 << 10  # small enough to be latency-bound
+    small_alone = wait_reading([_a2a("a", wait_bytes)], 3 * repeats)
     cover_us = WAIT_COVER_US
     for _ in range(3):
-        beside = wait_reading([_a2a("a", sizes[2]), _gemm("g", cover_n(cover_us), dtype)], 3 * repeats)
+        beside = wait_reading([_a2a("a", wait_bytes), _gemm("g", cover_n(cover_us), dtype)], 3 * repeats)
         if beside < 0.5 * cover_us:  # the GEMM outlasted the wait: a clean reading
             break
         cover_us *= 2  # the wait ran into the end of the GEMM: measure again beside a longer one
@@ -379,7 +385,7 @@ def calibrate(executor: PairExecutor, quick: bool = False, statistic: str = "med
             "gemm_n": gemm_n,
             "launch_us": launch,
             "copy_bytes": copy_bytes,
-            "a2a_bytes": sizes,
+            "a2a_bytes": sent,
             "a2a_us": times,
             "when": now,
             "host": socket.gethostname(),

@@ -65,6 +65,9 @@ def test_gemm_figures_follow_the_slowest_rank(statistic: str) -> None:
     assert data["kernel_launch_us"] == pytest.approx(LAUNCH_US, rel=0.05)
     # The executor's fixed cost per pair: the chain's wall time over its tasks' (slowest-rank) times.
     assert data["pair_overhead_us"] == pytest.approx(0.0, abs=1e-6)
+    # Every All-to-All size read on its own (the slowest rank's duration) on the line it lies on.
+    assert data["a2a_latency_us"] == pytest.approx(50.0)
+    assert data["nvlink_gbps"] == pytest.approx(2.0)
 
 
 def test_slowest_rank_time_reads_the_statistic_asked_for() -> None:
