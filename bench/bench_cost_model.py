@@ -48,14 +48,12 @@ import tempfile
 import time
 from dataclasses import asdict
 from datetime import datetime, timezone
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from runtime.pair_executor import ExecTask as ExecTaskType
     from tessera_ir.model import PlanOp as PlanOpType
-    from tessera_ir.model import Task
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -179,11 +177,6 @@ def per_task_rows(
     return list(seen.values())
 
 
-def measured_duration(durations: dict[str, float], task: Task) -> float:
-    """A task's measured duration on its own, by name (``with_measured_tasks``)."""
-    return durations[task.name]
-
-
 def with_measured_tasks(module, hw, world: int, measured: dict[tuple, float]) -> dict[str, float]:  # noqa: ANN001
     """Each pair's contention-model makespan (µs at the executed size, with the executor's fixed cost
     per pair, as profiling predicts it) when every task lasts what it measured on its own
@@ -191,31 +184,19 @@ def with_measured_tasks(module, hw, world: int, measured: dict[tuple, float]) ->
     error is the overlap model's, not the isolated durations'."""
     from dataclasses import replace
 
-    from passes.costs.contention import ContentionParams, retime
-    from passes.costs.durations import task_utilisation
-    from passes.costs.execution import exec_tasks
-    from passes.costs.pair_costs import contended_tasks
+    from passes.costs.execution import exec_tasks, predicted_exec
     from passes.plan_view import PlanView
-    from runtime.pair_executor import executed_work
 
     target = PlanView(module)
     view = PlanView(module, device=hw, parallel=replace(target.parallel, dtype="fp32", ep=world))
     scale = float(module.attrs["profile_scale"])
-    params = ContentionParams.from_hardware(hw, view.parallel.ep)
     overhead = float(hw.extra.get("pair_overhead_us", 0.0))
     out = {}
     for pair in view.pairs:
         items = view.scheduled_tasks(pair)
         execs = exec_tasks(items, scale, "fp32", hw, view.parallel)
-        executed, durations = [], {}
-        for s, e in zip(items, execs):
-            flops, nbytes = executed_work(e, world)
-            executed.append(replace(s, task=replace(s.task, flops=flops, bytes=nbytes, attrs={})))
-            durations[s.task.name] = measured[task_key(e)]
-        tasks = contended_tasks(
-            executed, partial(measured_duration, durations), lambda t: task_utilisation(t, hw, view.parallel)
-        )
-        out[pair.name] = retime(tasks, params).makespan + overhead
+        contended, _ = predicted_exec(items, execs, hw, view.parallel, world, lambda e: measured[task_key(e)])
+        out[pair.name] = contended.makespan + overhead
     return out
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from passes.costs.contention import ContentionParams, RetimedPair
@@ -88,21 +89,32 @@ def exec_tasks(
 
 
 def predicted_exec(
-    items: list[ScheduledTask], execs: list[ExecTask], hw: Hardware, parallel: ParallelConfig, world: int
+    items: list[ScheduledTask],
+    execs: list[ExecTask],
+    hw: Hardware,
+    parallel: ParallelConfig,
+    world: int,
+    duration: Callable[[ExecTask], float] | None = None,
 ) -> tuple[RetimedPair, RetimedPair]:
     """Analytic cost (contended, contention-free) of the work the executor really runs on ``hw``.
 
     Durations are analytic on the measured device: a task's ``duration_us`` is a figure for
     the module's target hardware and the full-size task, so it says nothing about this work.
+    ``duration`` replaces them (e.g. each task's measured time on its own), leaving only the
+    contention model analytic.
     """
-    scaled = []
+    scaled, given = [], {}
     for s, e in zip(items, execs):
         flops, nbytes = executed_work(e, world)
         # The executed kernel is one plain GEMM or copy: no core share, no per-expert rows.
         scaled.append(replace(s, task=replace(s.task, flops=flops, bytes=nbytes, attrs={})))
+        if duration is not None:
+            given[s.task.name] = duration(e)
     run = replace(parallel, dtype=execs[0].dtype if execs else parallel.dtype)
     tasks = contended_tasks(
-        scaled, lambda t: analytic_duration_us(t, hw, run), lambda t: task_utilisation(t, hw, run)
+        scaled,
+        (lambda t: given[t.name]) if duration is not None else (lambda t: analytic_duration_us(t, hw, run)),
+        lambda t: task_utilisation(t, hw, run),
     )
     return analytic_cost(tasks, ContentionParams.from_hardware(hw, run.ep))
 

@@ -4,11 +4,18 @@ odd ones scaled down run slower kernels than the task would)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from passes.costs.execution import GEMM_ALIGN, _gemm_shape, align_dim
+from passes.costs.durations import analytic_duration_us
+from passes.costs.execution import GEMM_ALIGN, _gemm_shape, align_dim, exec_tasks, predicted_exec
+from passes.costs.hardware import load_hardware
+from passes.costs.pair_costs import ScheduledTask
+from runtime.pair_executor import executed_work
 from tessera_ir.kinds import Phase, Resource, TaskOp
 from tessera_ir.model import Task
+from tessera_ir.parallel import ParallelConfig
 
 
 def gemm_task(tokens: int, k: int, n: int) -> Task:
@@ -39,3 +46,24 @@ def test_executed_gemms_are_aligned_and_keep_the_work_and_shape(tokens: int, k: 
     # The row count absorbs the rounding of the others: the work is off by less than half an
     # aligned block of rows (or the rows are at their smallest).
     assert abs(m - flops / (2 * k2 * n2)) <= GEMM_ALIGN / 2 or m == GEMM_ALIGN
+
+
+def test_given_durations_replace_the_analytic_ones_and_nothing_else() -> None:
+    hw, parallel = load_hardware("h100"), ParallelConfig(ep=2, dtype="fp32")
+    gemm = gemm_task(4096, 1024, 1024)
+    a2a = Task("l0.dispatch.fwd", TaskOp.DISPATCH, Phase.FWD, Resource.COMM, bytes=1 << 24)
+    items = [ScheduledTask(a2a, "comm", 0, ()), ScheduledTask(gemm, "compute", 0, (a2a.name,))]
+    execs = exec_tasks(items, 1e-2, "fp32", hw, parallel)
+    analytic, _ = predicted_exec(items, execs, hw, parallel, 2)
+
+    def same_as_analytic(e):  # noqa: ANN001, ANN202
+        flops, nbytes = executed_work(e, 2)
+        task = next(s.task for s in items if s.task.name == e.name)
+        return analytic_duration_us(replace(task, flops=flops, bytes=nbytes, attrs={}), hw, parallel)
+
+    again, _ = predicted_exec(items, execs, hw, parallel, 2, same_as_analytic)
+    assert again.makespan == analytic.makespan
+    fixed, free = predicted_exec(items, execs, hw, parallel, 2, lambda e: 100.0)
+    # Serial (the GEMM waits for the transfer): 200 µs plus the hand-off, whatever the work.
+    assert fixed.isolated_sum == free.isolated_sum == 200.0
+    assert fixed.makespan >= free.makespan >= 200.0

@@ -1,20 +1,22 @@
 """Pair DAGs from real plans on which gap-fit used to stay above the best exact schedule.
 
-Each case (``data/real_pair_cases.json``) is a distinct pair DAG the candidates pass produced
-for Qwen3-235B-A22B at EP16 (and, the last, for the 1T synthetic model), from the real-plan suite's seeded sample, with the makespan
-CP-SAT reached (proven optimal or not) and the one gap-fit reached before. Both chunks hold
-the LM head's backward or a long attention core, and the compute stream is the bottleneck:
-the optimum keeps that stream busy (a long weight gradient started while a short wait for an
-All-to-All would leave it idle; the forward's transfer first on the comm stream), which the
-look-ahead by bound and the merges led by either side now find. In the last case the comm
-stream waits for the LM head's dgrad unless the forward's first transfer is fed first (the
-forward-feed-first starts, searched where no transfer starts at time 0). In the 1T case the
-backward's long first transfer must wait behind the forward's, which takes two moves of the
-transfer order at once (the merge search's paired moves, where no single move passes its bound).
-The last, compute-bound, needs the fit around a transfer order to start a long weight gradient
-in a wait rather than idle (the final local search of a compute-bound pair, fitting with
-look-ahead by bound too). In the EP32 case the optimum's transfer order swaps two pairs of
-neighbouring transfers of different sides at once (the search's last phase, swap_pairs).
+Each case (``data/real_pair_cases.json``, its ``what`` says which plan and why) is a distinct pair
+DAG the candidates pass produced for Qwen3-235B-A22B at EP16 or EP32 or for the 1T synthetic
+model, from the real-plan suite's seeded sample, with the makespan CP-SAT reached (proven optimal
+or not) and the one gap-fit reached before. Most hold the LM head's backward or a long attention
+core, with the compute stream the bottleneck, and each needed one part of the search:
+
+- a long weight gradient started while a short wait for an All-to-All would leave the stream idle,
+  and the forward's transfer first on the comm stream (look-ahead by bound, merges led by either
+  side);
+- the forward's first transfer fed first while the LM head's dgrad computes (the forward-feed-first
+  starts, searched where no transfer starts at time 0);
+- the backward's long first transfer held behind the forward's (the 1T case: two moves of the
+  transfer order at once, where no single move passes its bound);
+- the fit around a transfer order starting a long weight gradient in a wait (the final local search
+  of a compute-bound pair, fitting with look-ahead by bound too);
+- two pairs of neighbouring transfers of different sides swapped at once (the EP32 case: the
+  search's last phase, swap_pairs).
 """
 
 from __future__ import annotations
