@@ -254,7 +254,7 @@ def calibrate(executor: PairExecutor, quick: bool = False, statistic: str = "med
     # pairwise slopes, then the median intercept): one disturbed reading cannot tilt it.
     small, large = 8 << 10, (2 if quick else 16) << 20
     # Dense where pairs' transfers lie (a few to a few hundred kB at the executed scale): there a
-    # lone All-to-All reads 260-440 µs with no step, and single readings scatter by ±20%, so the
+    # lone All-to-All reads 243-443 µs with no step, and single readings scatter by ±20%, so the
     # robust line through nine sizes prices them better than any one reading.
     sizes = [4 << 10, small, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10, large // 4, large]  # bytes
     # Each size on its own, not as a chain: back-to-back All-to-Alls make the ranks meet again and
