@@ -26,10 +26,12 @@ two, so the schedule's values and the tolerance are all written as integers over
 denominator (the least multiple of the floats' largest denominator and the tolerance's) --
 every constraint multiplied by that one positive number, which changes no answer, and a
 script a sixth shorter and a quarter faster to decide than one spelling each value as its
-own fraction. The two
+own fraction. The three
 facts that are plain booleans before z3 sees them (a task's entry count is 1,
-an entry's stream is its task's) are written out only when they fail, as
-``false``, so the core still names them and valid schedules stay short.
+an entry's stream is its task's, an entry's duration is exactly its task's) are
+written out only when they fail -- the first two as ``false``, a duration that
+differs as its tolerance inequality -- so the core still names them and valid
+schedules stay short (the durations were over a quarter of z3's parsing).
 
 Scaling: the check is written as one SMT-LIB2 script with plain string
 formatting and parsed by z3 in C++ (``Solver.from_string``); building the same
@@ -99,9 +101,13 @@ def _scaled(values: list[float]) -> Callable[[float | Fraction], str]:
         scale = math.lcm(scale, v.as_integer_ratio()[1])
 
     def literal(x: float | Fraction) -> str:
-        scaled = Fraction(x) * scale
-        assert scaled.denominator == 1, "a value outside the common denominator"
-        return _real(scaled)
+        # Integer arithmetic on the exact ratio: a Fraction per value cost a third of the
+        # script's time, for the same numbers.
+        num, den = x.as_integer_ratio()
+        times, rest = divmod(scale, den)
+        assert rest == 0, "a value outside the common denominator"
+        scaled = num * times
+        return f"{scaled}.0" if scaled >= 0 else f"(- {-scaled}.0)"
 
     return literal
 
@@ -214,9 +220,13 @@ def proof_script(dag: PairDAG, entry_of: dict[int, ScheduleEntry], count: list[i
         # which makes the check several times faster than pinning variables.
         lines.append(f"(define-fun s{i} () Real {lit(e.start)}) (define-fun d{i} () Real {lit(e.duration)})")
         track("stream", [t.name], "true" if e.stream == t.resource.value else "false")
-        # |d - duration| <= tolerance
-        want = lit(t.duration)
-        track("duration", [t.name], f"(and (<= (- d{i} {want}) {tol}) (<= (- {want} d{i}) {tol}))")
+        # |d - duration| <= tolerance; an entry that states its task's duration exactly (every
+        # schedule the passes make) holds it by equality, decided here like the stream.
+        if e.duration == t.duration:
+            track("duration", [t.name], "true")
+        else:
+            want = lit(t.duration)
+            track("duration", [t.name], f"(and (<= (- d{i} {want}) {tol}) (<= (- {want} d{i}) {tol}))")
         track("non-negative", [t.name], f"(>= s{i} (- {tol}))")
         if t.movable and t.deadline is not None:
             track("deadline", [t.name], f"(<= (+ s{i} d{i}) (+ {lit(t.deadline)} {tol}))")

@@ -66,6 +66,10 @@ into a :class:`~passes.scheduling.schedule.PairSchedule`.
    each swap alone holds up a chain the other frees, so no single move helps. Only the best
    schedule can change, and only for the better.
 
+The merge search and the phases after it ask for the fit around the same transfer order again
+and again (about seven asks in eight on make demo's pairs); each order is fitted once per search
+and the answer kept, which changes no schedule.
+
 The search stops as soon as the makespan reaches the lower bound (the busier stream, the
 critical path, Jackson's preemptive bound of each stream with heads and tails), which proves
 it optimal. It is deterministic: ties go to the lower task number (the DAG's order), there

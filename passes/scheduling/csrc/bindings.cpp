@@ -77,6 +77,7 @@ PYBIND11_MODULE(_search, m) {
         info["rule"] = stats.rule;
         info["evaluations"] = stats.evaluations;
         info["fits"] = stats.fits;
+        info["fit_reuses"] = stats.fit_reuses;
         info["candidates"] = stats.candidates;
         info["merge_steps"] = stats.merge_steps;
         info["last_gain"] = stats.last_gain;

@@ -6,6 +6,7 @@
 #include <functional>
 #include <queue>
 #include <stdexcept>
+#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 
@@ -766,8 +767,34 @@ class Search {
   // next transfer soonest), then justified. (Insertion in priority order, which places an
   // urgent task first even when it is released late, was several percent worse given the
   // optimal stream order.)
+  //
+  // A fit depends only on the chain and on whether it also tries look-ahead by bound, and the
+  // search asks for the same chain again and again (each local search from a new start, each
+  // round, the merges spread at each phase revisit orders an earlier one fitted: about seven
+  // asks in eight on make demo's pairs), so each answer is kept for the rest of this search
+  // and handed back as it was computed. The schedules are exactly the same; only the work is not.
   bool fit(const std::vector<int>& chain, Times& out, double& ms) {
+    auto& memo = fit_memo_[bound_fit_ ? 1 : 0];
+    auto found = memo.find(chain);
+    if (found != memo.end()) {
+      ++stats_.fit_reuses;
+      const FitAnswer& a = found->second;
+      if (a.fitted) out = a.out;
+      if (a.ok) ms = a.ms;
+      return a.ok;
+    }
+    FitAnswer& answer = memo[chain];
+    answer.ok = fit_once(chain, out, ms, answer.fitted);
+    if (answer.fitted) answer.out = out;
+    if (answer.ok) answer.ms = ms;
+    return answer.ok;
+  }
+
+  // One fit as `fit` describes it; `fitted`: whether `out` was written (not when the chain
+  // contradicts the dependencies).
+  bool fit_once(const std::vector<int>& chain, Times& out, double& ms, bool& fitted) {
     ++stats_.fits;
+    fitted = false;
     const int n = g_.n;
     std::vector<int>& extra_pred = fit_pred_;
     std::vector<int>& extra_succ = fit_succ_;
@@ -806,6 +833,7 @@ class Search {
       tail[size_t(i)] = t;
     }
     out = list_schedule(g_, all_, tail, kFit, &extra_pred, &extra_succ);
+    fitted = true;
     if (!meets_deadlines(g_, out)) return false;
     ms = makespan_of(g_, out);
     if (bound_fit_) {  // also by bound (see run), the shorter kept
@@ -1087,6 +1115,20 @@ class Search {
   Times head_, tail_;
   std::vector<char> all_;
   std::vector<int> fit_pred_, fit_succ_, fit_order_, fit_missing_;
+  struct FitAnswer {
+    bool ok = false, fitted = false;
+    double ms = 0.0;
+    Times out;
+  };
+  struct ChainHash {
+    size_t operator()(const std::vector<int>& v) const {
+      uint64_t h = 1469598103934665603ull;  // FNV-1a over the task numbers
+      for (int x : v) h = (h ^ uint64_t(uint32_t(x))) * 1099511628211ull;
+      return size_t(h);
+    }
+  };
+  // Answers of `fit` by chain, without and with look-ahead by bound.
+  std::unordered_map<std::vector<int>, FitAnswer, ChainHash> fit_memo_[2];
   Times fit_tail_;
 };
 

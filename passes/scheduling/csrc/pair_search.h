@@ -27,7 +27,8 @@
 // first; for a compute-bound pair, once more from the best schedule with each fit also
 // list-scheduling by bound; last, from the best schedule, two neighbouring transfers swapped at
 // two places at once (swap_pairs). The search stops as soon as the makespan
-// reaches the lower bound (it is then optimal). Everything is deterministic: ties are
+// reaches the lower bound (it is then optimal). Each stream order is fitted once per search:
+// asked again (about seven asks in eight), the kept answer is handed back. Everything is deterministic: ties are
 // broken by task number, there is no randomness and no clock.
 #pragma once
 
@@ -71,6 +72,7 @@ struct Stats {
   std::string rule;       // what produced the best schedule
   long evaluations = 0;   // stream-order evaluations
   long fits = 0;          // schedules fitted around a fixed stream order
+  long fit_reuses = 0;    // fits answered from the ones this search already made
   int candidates = 0;     // constructive schedules tried
   long merge_steps = 0;   // steps of the merge search
   int last_gain = 0;      // the merge step that last improved the best schedule

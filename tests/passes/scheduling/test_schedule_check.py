@@ -258,3 +258,27 @@ def test_background_proofs_cancelled_leave_no_process() -> None:
     proofs = BackgroundProofs(schedules)
     proofs.cancel()
     assert not proofs._process.is_alive()
+
+
+def test_z3_alone_decides_a_duration_unless_it_is_stated_exactly() -> None:
+    """The proof writes an entry's duration into the script only when it differs from its task's;
+    z3 then accepts it within the tolerance and refutes it beyond, naming the constraint."""
+    from passes.scheduling.check import _prove, proof_script
+
+    dag = small_dag()
+    exact = {i: e for i, e in enumerate(entries(VALID))}
+    count = [1] * len(dag.tasks)
+    assert "(<= (- d" not in proof_script(dag, exact, count).plain()
+    _prove(dag, exact, count, "", "")
+    e = dag.tasks.index(next(t for t in dag.tasks if t.name == "e"))
+    close = dict(exact)
+    close[e] = dataclasses.replace(exact[e], duration=4.0 + 2.0**-30)  # within 1e-6 us
+    assert f"(<= (- d{e} " in proof_script(dag, close, count).plain()
+    _prove(dag, close, count, "", "")
+    # Shorter by 1e-3 us: e then ends earlier, so only the duration fact breaks, and z3 (no
+    # Python check before it here) names it.
+    far = dict(exact)
+    far[e] = dataclasses.replace(exact[e], duration=4.0 - 1e-3)
+    with pytest.raises(ScheduleError) as info:
+        _prove(dag, far, count, "", "")
+    assert info.value.constraint == "duration" and info.value.tasks == ["e"]
