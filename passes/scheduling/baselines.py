@@ -78,13 +78,14 @@ def fixed_template(dag: PairDAG) -> PairSchedule:
         by_layer.setdefault((t.side, t.layer), []).append(i)
     fwd_layers = _layer_sequence(dag, FWD)
     bwd_layers = _layer_sequence(dag, BWD)
+    op_phase = [_op_phase(t.kind) for t in dag.tasks]
 
     def pick(side: str, layer: str | None, ops: Callable[[str], bool], phases: Sequence[str]) -> list[int]:
         if layer is None:
             return []
         out = []
         for phase in phases:  # dgrad before wgrad, each in the DAG's (topological) order
-            out += [i for i in by_layer[(side, layer)] if _op_phase(dag.tasks[i].kind)[1] == phase and ops(_op_phase(dag.tasks[i].kind)[0])]
+            out += [i for i in by_layer[(side, layer)] if op_phase[i][1] == phase and ops(op_phase[i][0])]
         return out
 
     def is_pre(op: str) -> bool:

@@ -26,7 +26,9 @@ into a :class:`~passes.scheduling.schedule.PairSchedule`.
    one task order per stream):
 
    - *critical reinsertion*: a task on the critical path is taken out of its stream's order
-     and put back where the makespan drops most, until no such move is left;
+     and put back where the makespan drops most, until no such move is left (a place whose
+     lower bound -- the schedule without the task on its stream, and the path through the task
+     between its new neighbours -- cannot beat the best move so far is not evaluated);
    - *merge search*: the stream with fewer tasks (the All-to-All stream, a merge of the
      forward and the backward transfer chains) gets a new order (a task moved, or the two
      chains spread evenly into each other at several phases, each side's chain into the
@@ -68,7 +70,8 @@ into a :class:`~passes.scheduling.schedule.PairSchedule`.
 
 The merge search and the phases after it ask for the fit around the same transfer order again
 and again (about seven asks in eight on make demo's pairs); each order is fitted once per search
-and the answer kept, which changes no schedule.
+and the answer kept, and a critical reinsertion from orders already searched from is replayed,
+which changes no schedule.
 
 The search stops as soon as the makespan reaches the lower bound (the busier stream, the
 critical path, Jackson's preemptive bound of each stream with heads and tails), which proves

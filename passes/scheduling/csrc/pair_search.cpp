@@ -1055,13 +1055,30 @@ class Search {
 
   // ------------------------------------------------------------ critical reinsertion
 
+  //
+  // What it does depends only on the current schedule's two stream orders, and the local search
+  // often calls it again on orders it already searched from (a round whose merge search changed
+  // nothing ends where the next round's reinsertion starts, and the last one after the loop
+  // starts there again), so each outcome is kept for the rest of this search and replayed.
   void reinsert() {
     Orders o = orders_of(g_, cur_);
+    std::vector<int> key = o.seq[0];
+    key.push_back(-1);
+    key.insert(key.end(), o.seq[1].begin(), o.seq[1].end());
+    auto known = reinsert_memo_.find(key);
+    if (known != reinsert_memo_.end()) {
+      ++stats_.reinsert_reuses;
+      const auto& [found_ms, found] = known->second;
+      if (!found.empty() && found_ms < cur_ms_ - kEps && meets_deadlines(g_, found))
+        improve(found, found_ms, "critical-reinsertion");
+      return;
+    }
+    auto& outcome = reinsert_memo_[key];  // stays empty when the orders contradict the dependencies
     Times start, tail;
     double ms;
     if (!eval_.run(o.seq[0], o.seq[1], start, &tail, ms)) return;
     std::vector<int> base, trial;
-    Times trial_start;
+    Times trial_start, base_start, base_tail;
     for (int move = 0; move < opt_.reinsert_rounds && ms > target_; ++move) {
       double tol = 1e-7 * ms;
       double best_ms = ms - kEps * std::max(1.0, ms);
@@ -1075,8 +1092,31 @@ class Search {
         base = seq;
         base.erase(base.begin() + long(a));
         auto [lo, hi] = move_range(base, u);
+        // A bound on every trial's makespan from the orders with `u` taken out (its stream
+        // then holds it by its dependencies alone): that schedule's makespan, and the path
+        // through `u` between its new neighbours (their earliest finish before it, their
+        // tails after it). A trial gains edges only, so neither can be shorter in it; one whose
+        // bound does not beat the best move so far is not evaluated (the margin covers the
+        // rounding of summing in another order), and the move chosen is the same.
+        double base_ms;
+        bool bounded = r == 0 ? eval_.run(base, o.seq[1], base_start, &base_tail, base_ms)
+                              : eval_.run(o.seq[0], base, base_start, &base_tail, base_ms);
+        const double margin = 1e-9 * std::max(1.0, ms);
         for (size_t b = lo; b <= hi; ++b) {
           if (b == a) continue;
+          if (bounded) {
+            double head = base_start[size_t(u)], after = base_tail[size_t(u)];
+            if (b > 0) {
+              int p = base[b - 1];
+              head = std::max(head, base_start[size_t(p)] + g_.dur[size_t(p)]);
+            }
+            if (b < base.size()) {
+              int q = base[b];
+              after = std::max(after, g_.dur[size_t(q)] + base_tail[size_t(q)]);
+            }
+            double bound = std::max(base_ms, head + g_.dur[size_t(u)] + after);
+            if (bound >= best_ms + margin) continue;
+          }
           trial = base;
           trial.insert(trial.begin() + long(b), u);
           double trial_ms;
@@ -1095,6 +1135,7 @@ class Search {
       seq.insert(seq.begin() + long(best_b), best_u);
       eval_.run(o.seq[0], o.seq[1], start, &tail, ms);
     }
+    outcome = {ms, start};
     if (ms < cur_ms_ - kEps && meets_deadlines(g_, start)) {
       improve(start, ms, "critical-reinsertion");
     }
@@ -1127,6 +1168,8 @@ class Search {
       return size_t(h);
     }
   };
+  // Outcomes of `reinsert` (the makespan and start times it ended with) by its starting orders.
+  std::unordered_map<std::vector<int>, std::pair<double, Times>, ChainHash> reinsert_memo_;
   // Answers of `fit` by chain, without and with look-ahead by bound.
   std::unordered_map<std::vector<int>, FitAnswer, ChainHash> fit_memo_[2];
   Times fit_tail_;

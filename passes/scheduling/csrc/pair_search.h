@@ -73,6 +73,7 @@ struct Stats {
   long evaluations = 0;   // stream-order evaluations
   long fits = 0;          // schedules fitted around a fixed stream order
   long fit_reuses = 0;    // fits answered from the ones this search already made
+  long reinsert_reuses = 0;  // critical reinsertions replayed from orders already searched from
   int candidates = 0;     // constructive schedules tried
   long merge_steps = 0;   // steps of the merge search
   int last_gain = 0;      // the merge step that last improved the best schedule

@@ -63,7 +63,8 @@ def test_a_case_is_deterministic() -> None:
 
 def test_the_search_fits_each_transfer_order_once() -> None:
     """The search asks for the same transfer order many times; each is fitted once and the
-    answer handed back after that (the schedules above, found with it, are the ones it needs)."""
+    answer handed back after that, and a critical reinsertion from orders it already searched
+    from is replayed (the schedules above, found with both, are the ones it needs)."""
     for case in CASES:
         stats = gap_fit(dag_of(case)).stats
         fits, reuses = int(stats["fits"]), int(stats["fit_reuses"])  # type: ignore[call-overload]
@@ -72,3 +73,4 @@ def test_the_search_fits_each_transfer_order_once() -> None:
     stats = gap_fit(dag_of(next(c for c in CASES if c["name"] == "pair.19282"))).stats
     fits, reuses = int(stats["fits"]), int(stats["fit_reuses"])  # type: ignore[call-overload]
     assert fits > 100 and reuses > 10 * fits, stats
+    assert int(stats["reinsert_reuses"]) > 0, stats  # type: ignore[call-overload]
