@@ -86,11 +86,11 @@ def entries_of(schedule: PairSchedule) -> list[ScheduleEntry]:
     return [ScheduleEntry(t.name, start[i], t.duration, t.resource.value) for i, t in enumerate(dag.tasks)]
 
 
-def _real(x: Fraction) -> str:
+def _real(x: int | Fraction) -> str:
     """An exact SMT-LIB2 real literal: ``n.0``, ``(/ n.0 d.0)``, negated with ``(- ...)``."""
-    num, den = abs(x.numerator), x.denominator
-    text = f"{num}.0" if den == 1 else f"(/ {num}.0 {den}.0)"
-    return f"(- {text})" if x < 0 else text
+    num, den = x.as_integer_ratio()
+    text = f"{abs(num)}.0" if den == 1 else f"(/ {abs(num)}.0 {den}.0)"
+    return f"(- {text})" if num < 0 else text
 
 
 def _scaled(values: list[float]) -> Callable[[float | Fraction], str]:
@@ -106,8 +106,7 @@ def _scaled(values: list[float]) -> Callable[[float | Fraction], str]:
         num, den = x.as_integer_ratio()
         times, rest = divmod(scale, den)
         assert rest == 0, "a value outside the common denominator"
-        scaled = num * times
-        return f"{scaled}.0" if scaled >= 0 else f"(- {-scaled}.0)"
+        return _real(num * times)
 
     return literal
 

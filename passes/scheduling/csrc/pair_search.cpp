@@ -549,6 +549,14 @@ constexpr Variant kVariants[] = {{"", kNoLookahead, false},
 
 // ---------------------------------------------------------------- the search
 
+// FNV-1a over a stream order's task numbers (-1 may separate two orders in one key).
+uint64_t order_hash(const std::vector<int>& order) {
+  uint64_t h = 1469598103934665603ull;
+  for (int x : order) h = (h ^ uint64_t(uint32_t(x))) * 1099511628211ull;
+  return h;
+}
+
+
 class Search {
  public:
   Search(const Dag& g, const Options& opt, Stats& stats) : g_(g), opt_(opt), stats_(stats), eval_(g) {
@@ -774,16 +782,14 @@ class Search {
   // asks in eight on make demo's pairs), so each answer is kept for the rest of this search
   // and handed back as it was computed. The schedules are exactly the same; only the work is not.
   bool fit(const std::vector<int>& chain, Times& out, double& ms) {
-    auto& memo = fit_memo_[bound_fit_ ? 1 : 0];
-    auto found = memo.find(chain);
-    if (found != memo.end()) {
+    auto [entry, fresh] = fit_memo_[bound_fit_ ? 1 : 0].try_emplace(chain);
+    FitAnswer& answer = entry->second;
+    if (!fresh) {
       ++stats_.fit_reuses;
-      const FitAnswer& a = found->second;
-      if (a.fitted) out = a.out;
-      if (a.ok) ms = a.ms;
-      return a.ok;
+      if (answer.fitted) out = answer.out;
+      if (answer.ok) ms = answer.ms;
+      return answer.ok;
     }
-    FitAnswer& answer = memo[chain];
     answer.ok = fit_once(chain, out, ms, answer.fitted);
     if (answer.fitted) answer.out = out;
     if (answer.ok) answer.ms = ms;
@@ -898,12 +904,7 @@ class Search {
     std::vector<int> current = orders_of(g_, cur_).seq[fixed];
     const size_t m = current.size();
     if (m < 2) return;
-    auto hash = [](const std::vector<int>& v) {
-      uint64_t h = 1469598103934665603ull;
-      for (int x : v) h = (h ^ uint64_t(x)) * 1099511628211ull;
-      return h;
-    };
-    std::unordered_set<uint64_t> seen{hash(current)};
+    std::unordered_set<uint64_t> seen{order_hash(current)};
     std::vector<int> base, trial, best_trial;
     Times start, best_start;
     // Starting points: the two sides' transfers (each side's in its order) spread evenly
@@ -941,7 +942,7 @@ class Search {
           trial.push_back(guest[k]);
         }
         while (used < a) trial.push_back(host[used++]);
-        uint64_t h = hash(trial);
+        uint64_t h = order_hash(trial);
         if (seen.count(h)) continue;
         seen.insert(h);
         double ms;
@@ -971,7 +972,7 @@ class Search {
           if (b == a) continue;
           trial = base;
           trial.insert(trial.begin() + long(b), u);
-          uint64_t h = hash(trial);
+          uint64_t h = order_hash(trial);
           if (seen.count(h)) continue;
           if (chain_bound(trial) >= cur_ms_ - kEps) continue;
           double ms;
@@ -991,7 +992,7 @@ class Search {
         // either move alone delays the critical chain.
         for (const auto& first : single_moves(current))
           for (auto& second : single_moves(first)) {
-            uint64_t h = hash(second);
+            uint64_t h = order_hash(second);
             if (seen.count(h) || chain_bound(second) >= cur_ms_ - kEps) continue;
             seen.insert(h);
             double ms;
@@ -1007,7 +1008,7 @@ class Search {
       best_start = justify(g_, std::move(best_start));
       best_trial_ms = makespan_of(g_, best_start);
       current = best_trial;
-      seen.insert(hash(current));
+      seen.insert(order_hash(current));
       ++stats_.merge_steps;
       ++stale;
       if (best_trial_ms < cur_ms_ - kEps) {
@@ -1055,7 +1056,6 @@ class Search {
 
   // ------------------------------------------------------------ critical reinsertion
 
-  //
   // What it does depends only on the current schedule's two stream orders, and the local search
   // often calls it again on orders it already searched from (a round whose merge search changed
   // nothing ends where the next round's reinsertion starts, and the last one after the loop
@@ -1065,15 +1065,16 @@ class Search {
     std::vector<int> key = o.seq[0];
     key.push_back(-1);
     key.insert(key.end(), o.seq[1].begin(), o.seq[1].end());
-    auto known = reinsert_memo_.find(key);
-    if (known != reinsert_memo_.end()) {
+    // (the outcome stays empty when the orders contradict the dependencies)
+    auto [entry, fresh] = reinsert_memo_.try_emplace(std::move(key));
+    auto& outcome = entry->second;
+    if (!fresh) {
       ++stats_.reinsert_reuses;
-      const auto& [found_ms, found] = known->second;
+      const auto& [found_ms, found] = outcome;
       if (!found.empty() && found_ms < cur_ms_ - kEps && meets_deadlines(g_, found))
         improve(found, found_ms, "critical-reinsertion");
       return;
     }
-    auto& outcome = reinsert_memo_[key];  // stays empty when the orders contradict the dependencies
     Times start, tail;
     double ms;
     if (!eval_.run(o.seq[0], o.seq[1], start, &tail, ms)) return;
@@ -1162,11 +1163,7 @@ class Search {
     Times out;
   };
   struct ChainHash {
-    size_t operator()(const std::vector<int>& v) const {
-      uint64_t h = 1469598103934665603ull;  // FNV-1a over the task numbers
-      for (int x : v) h = (h ^ uint64_t(uint32_t(x))) * 1099511628211ull;
-      return size_t(h);
-    }
+    size_t operator()(const std::vector<int>& v) const { return size_t(order_hash(v)); }
   };
   // Outcomes of `reinsert` (the makespan and start times it ended with) by its starting orders.
   std::unordered_map<std::vector<int>, std::pair<double, Times>, ChainHash> reinsert_memo_;

@@ -28,8 +28,8 @@
 // list-scheduling by bound; last, from the best schedule, two neighbouring transfers swapped at
 // two places at once (swap_pairs). The search stops as soon as the makespan
 // reaches the lower bound (it is then optimal). Each stream order is fitted once per search:
-// asked again (about seven asks in eight), the kept answer is handed back. Everything is deterministic: ties are
-// broken by task number, there is no randomness and no clock.
+// asked again (about seven asks in eight), the kept answer is handed back. Everything is
+// deterministic: ties are broken by task number, there is no randomness and no clock.
 #pragma once
 
 #include <cstdint>
