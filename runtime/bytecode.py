@@ -28,6 +28,7 @@ FORMAT_VERSION = 1
 SIGNATURE_BYTES = 32  # SHA-256 of the model IR, the parallel settings and the cost source
 ALIGN = 8
 NONE = 0xFFFFFFFF
+MISSING_RANKS_NAMED = 8  # how many missing pipeline ranks a refusal names before "and N more" (as loader.cpp)
 
 HEADER = struct.Struct("<8sII32sIIII")  # magic version flags signature file_size section_count checksum reserved
 SECTION_ENTRY = struct.Struct("<HHIII")  # kind reserved id offset size
@@ -343,8 +344,17 @@ def decode(data: bytes | bytearray | memoryview, rank: int | None = None, signat
         if ident >= plan.pp:
             raise _fail("program", f"a PROGRAM section for rank {ident}, but the plan has pipeline ranks 0..{plan.pp - 1}")
     if len(programs) != plan.pp:
-        missing = sorted(set(range(plan.pp)) - set(programs))
-        raise _fail("program", f"no PROGRAM section for pipeline rank(s) {missing}")
+        # The ids are distinct and below pp, so pp - len(programs) ranks lack one; the message
+        # names the first few (a damaged pp can be 2**32 - 1, too many ranks to list).
+        absent = plan.pp - len(programs)
+        missing: list[int] = []
+        rank_id = 0
+        while len(missing) < min(absent, MISSING_RANKS_NAMED):
+            if rank_id not in programs:
+                missing.append(rank_id)
+            rank_id += 1
+        more = f" and {absent - len(missing)} more" if absent > len(missing) else ""
+        raise _fail("program", f"no PROGRAM section for pipeline rank(s) {missing}{more}")
     if rank is not None and not (0 <= rank < plan.pp):
         raise _fail("rank", f"rank {rank} has no program: the plan has pipeline ranks 0..{plan.pp - 1}")
     wanted = range(plan.pp) if rank is None else [rank]

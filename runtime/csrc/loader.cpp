@@ -323,6 +323,9 @@ uint32_t crc32_of_plan(const uint8_t* data, size_t n) {
   return crc ^ 0xFFFFFFFFu;
 }
 
+// How many missing pipeline ranks a refusal names before "and N more" (as runtime/bytecode.py).
+constexpr uint64_t kMissingRanksNamed = 8;
+
 std::shared_ptr<const Program> load_program(const uint8_t* d, size_t n, int64_t rank,
                                             const std::string& expected_signature) {
   if (n < kHeaderBytes) fail("truncated", cat("truncated: ", n, " bytes, shorter than the ", kHeaderBytes, "-byte header"));
@@ -395,12 +398,21 @@ std::shared_ptr<const Program> load_program(const uint8_t* d, size_t n, int64_t 
     if (p->id >= pp)
       fail("program", cat("a PROGRAM section for rank ", p->id, ", but the plan has pipeline ranks 0..", pp - 1));
   if (programs.size() != pp) {
+    // The ids are distinct and below pp, so pp - programs.size() ranks lack one; the message names
+    // the first few (a damaged pp can be 2^32 - 1, too many ranks to list).
+    const uint64_t absent = uint64_t(pp) - programs.size();
     std::string missing = "[";
-    for (uint32_t r = 0; r < pp; ++r) {
+    uint64_t named = 0;
+    for (uint32_t r = 0; named < std::min<uint64_t>(absent, kMissingRanksNamed); ++r) {
       bool present = std::any_of(programs.begin(), programs.end(), [&](const Section* p) { return p->id == r; });
-      if (!present) missing += (missing.size() > 1 ? ", " : "") + std::to_string(r);
+      if (!present) {
+        missing += (named ? ", " : "") + std::to_string(r);
+        ++named;
+      }
     }
-    fail("program", cat("no PROGRAM section for pipeline rank(s) ", missing, "]"));
+    missing += "]";
+    if (absent > named) missing += cat(" and ", absent - named, " more");
+    fail("program", cat("no PROGRAM section for pipeline rank(s) ", missing));
   }
   if (rank < 0 || rank >= int64_t(pp))
     fail("rank", cat("rank ", rank, " has no program: the plan has pipeline ranks 0..", pp - 1));

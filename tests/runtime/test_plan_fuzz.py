@@ -90,3 +90,31 @@ def refused_alike_or_run(plan: bytes, ops: list, seal: bool, rank: int, seed: in
             ca.pop(key)
             cb.pop(key)
         assert a == b and ca == cb
+
+
+def _with_pp(data: bytes, pp: int) -> bytes:
+    from runtime.bytecode import HEADER, SECTION_ENTRY
+
+    out = bytearray(data)
+    count = HEADER.unpack_from(out)[5]
+    for i in range(count):
+        kind, _, _, offset, _ = SECTION_ENTRY.unpack_from(out, HEADER.size + i * SECTION_ENTRY.size)
+        if kind == 1:  # PLAN: pp is its first field
+            struct.pack_into("<I", out, offset, pp)
+    return reseal(bytes(out))
+
+
+def test_a_damaged_pipeline_size_is_refused_alike_naming_a_few_missing_ranks() -> None:
+    # Found by the fuzzer above: pp = 2^31 - 1 made both loaders list every missing rank (the
+    # native one ran out of memory building the message).
+    for pp, named in ((0x7FFFFFFF, "[1, 2, 3, 4, 5, 6, 7, 8] and 2147483638 more"), (0xFFFFFFFF, "and 4294967286 more"),
+                      (4, "rank(s) [1, 2, 3]")):
+        data = _with_pp(PLANS[4], pp)
+        messages = []
+        for load in (runtime.load_plan, reference.load_plan):
+            try:
+                load(data, rank=0)
+            except PlanError as err:
+                assert err.reason == "program"
+                messages.append(str(err))
+        assert len(messages) == 2 and messages[0] == messages[1] and named in messages[0], messages
