@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from functools import lru_cache
 from io import StringIO
 
 from tessera_ir.errors import IRError
@@ -47,8 +48,22 @@ _WORD_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
 _CORE_TASK_FIELDS = frozenset(CORE_TASK_FIELDS)
 
 
+# A planned module names the same tasks and keys hundreds of thousands of times (every pair
+# schedule entry); each distinct spelling is checked once. Failures raise and are not cached.
+@lru_cache(maxsize=1 << 16)
+def _checked_name(name: str) -> str:
+    if not _NAME_RE.fullmatch(name):
+        raise PrintError(
+            f"name {name!r} cannot be printed: names use only letters, digits, '_', '.' and '-' "
+            "and do not start with '.' or '-'"
+        )
+    return "@" + name
+
+
 def format_name(name: str) -> str:
     """``@name``; names are letters, digits, '_', '.' and '-' so that they read back as one token."""
+    if type(name) is str:
+        return _checked_name(name)
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise PrintError(
             f"name {name!r} cannot be printed: names use only letters, digits, '_', '.' and '-' "
@@ -108,8 +123,33 @@ def spell_value(value: object, width: int = 40) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
+@lru_cache(maxsize=1 << 12)
+def _attr_key(key: str) -> str:
+    return _word(key, "attribute name") + " = "
+
+
+@lru_cache(maxsize=1 << 12)
+def _quoted(text: str) -> str:
+    return json.dumps(text)
+
+
 def format_attrs(attrs: Attrs) -> str:
-    return "{" + ", ".join(f"{_word(key, 'attribute name')} = {format_value(attrs[key])}" for key in sorted(attrs)) + "}"
+    # The common scalars by exact type first (a bool is not an int here, and a subclass of int or
+    # str takes the general path); anything else, and every error, goes through _format_value.
+    parts = []
+    for key in sorted(attrs):
+        value = attrs[key]
+        kind = type(value)
+        if kind is float and math.isfinite(value):  # type: ignore[arg-type]
+            text = repr(value)
+        elif kind is int:
+            text = str(value)
+        elif kind is str:
+            text = _quoted(value)  # type: ignore[arg-type]
+        else:
+            text = _format_value(value, 0)
+        parts.append((_attr_key(key) if type(key) is str else _word(key, "attribute name") + " = ") + text)
+    return "{" + ", ".join(parts) + "}"
 
 
 def format_task(task: Task) -> str:
@@ -148,8 +188,8 @@ def _print_plan_op(op: PlanOp, out: StringIO) -> None:
     out.write(f"{INDENT}plan {_word(op.op, 'plan op kind')} {format_name(op.name)} {format_attrs(op.attrs)}")
     if op.entries:
         out.write(" {\n")
-        for entry in op.entries:
-            out.write(f"{INDENT * 2}{format_name(entry.ref)} {format_attrs(entry.attrs)}\n")
+        indent = INDENT * 2
+        out.write("".join([f"{indent}{format_name(entry.ref)} {format_attrs(entry.attrs)}\n" for entry in op.entries]))
         out.write(f"{INDENT}}}")
     out.write("\n")
 

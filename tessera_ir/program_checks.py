@@ -114,22 +114,26 @@ def _plan_of(module: Module, programs: list[Program]) -> _Plan:
                  _setting(module, "microbatches"), stage_of_candidates(module), module.task_map())
 
 
-def _legal_plan(module: Module) -> _Plan | None:
-    """The plan when every program reads and is legal, else None (the first check reports why);
-    built once per verifier run (the checks only read it)."""
+def _checked_plan(module: Module) -> tuple[_Plan, list[tuple[PlanOp, str]]] | None:
+    """The plan of readable programs and its illegal instructions (op, message), or None when
+    some program does not read; built once per verifier run (the checks only read it)."""
 
-    def build() -> _Plan | None:
-        if not any(op.op == PROGRAM_OP for op in module.plan):
-            return None
+    def build() -> tuple[_Plan, list[tuple[PlanOp, str]]] | None:
         programs, problems = _read(module)
         if problems:
             return None
         plan = _plan_of(module, programs)
-        if any(True for _ in _illegal(plan)):
-            return None
-        return plan
+        return plan, list(_illegal(plan))
 
-    return shared_in_run(("legal plan", id(module)), build)
+    return shared_in_run(("checked plan", id(module)), build)
+
+
+def _legal_plan(module: Module) -> _Plan | None:
+    """The plan when every program reads and is legal, else None (the first check reports why)."""
+    if not any(op.op == PROGRAM_OP for op in module.plan):
+        return None
+    checked = _checked_plan(module)
+    return checked[0] if checked is not None and not checked[1] else None
 
 
 # ---------------------------------------------------------------- program-instructions-legal
@@ -145,7 +149,9 @@ def _instructions_legal(module: Module) -> Iterator[VerifyError]:
         yield r.plan(op, message)
     if problems:
         return
-    for op, message in _illegal(_plan_of(module, programs)):
+    checked = _checked_plan(module)
+    assert checked is not None  # the programs read
+    for op, message in checked[1]:
         yield r.plan(op, message)
 
 

@@ -50,6 +50,15 @@ def at_least(later: float, *earlier: float) -> bool:
     return Fraction(later) >= sum((Fraction(x) for x in earlier), Fraction(0)) - _TOLERANCE
 
 
+def _after(later: float, start: float, duration: float) -> bool:
+    """``at_least(later, start, duration)`` with its two terms spelled out (the hot case: a
+    task's start against another's finish), decided the same way."""
+    slack = later - (start + duration) + TOLERANCE_US
+    if abs(slack) > 1e-12 * (abs(later) + 1.0 + abs(start) + abs(duration)):
+        return slack > 0
+    return Fraction(later) >= Fraction(start) + Fraction(duration) - _TOLERANCE
+
+
 @dataclass(frozen=True)
 class Violation:
     """A broken condition: its rule name, the tasks involved and the numbers behind it."""
@@ -92,21 +101,24 @@ def violations(
             if add("non-negative", (names[k],), f"its start {start[k]} or duration {duration[k]} is not a finite number"):
                 return out
             continue
-        if not (at_least(duration[k], required_duration[k]) and at_least(required_duration[k], duration[k])):
+        # Equal durations meet the rule both ways; only different ones need deciding.
+        if duration[k] != required_duration[k] and not (
+            at_least(duration[k], required_duration[k]) and at_least(required_duration[k], duration[k])
+        ):
             if add("duration", (names[k],), f"scheduled for {duration[k]} us but takes {required_duration[k]} us"):
                 return out
-        if not at_least(start[k], 0.0):
+        if start[k] < 0.0 and not at_least(start[k], 0.0):
             if add("non-negative", (names[k],), f"starts at {start[k]} us, before the pair starts"):
                 return out
         due = deadline[k]
-        if due is not None and not at_least(due, start[k], duration[k]):
+        if due is not None and not _after(due, start[k], duration[k]):
             if add("deadline", (names[k],), f"finishes at {start[k] + duration[k]} us, after its deadline {due} us"):
                 return out
     for k in range(n):
         if not finite[k]:
             continue
         for d in deps[k]:
-            if finite[d] and not at_least(start[k], start[d], duration[d]):
+            if finite[d] and not _after(start[k], start[d], duration[d]):
                 detail = f"'{names[k]}' starts at {start[k]} us before '{names[d]}' finishes at {start[d] + duration[d]} us"
                 if add("dependency", (names[d], names[k]), detail):
                     return out
@@ -117,7 +129,7 @@ def violations(
     for name in sorted(streams):
         order = sorted(streams[name], key=lambda k: (start[k], start[k] + duration[k], names[k]))
         for a, b in zip(order, order[1:]):
-            if not at_least(start[b], start[a], duration[a]):
+            if not _after(start[b], start[a], duration[a]):
                 detail = (
                     f"both run on stream '{name}' at once: [{start[a]}, {start[a] + duration[a]}) "
                     f"and [{start[b]}, {start[b] + duration[b]}) us"

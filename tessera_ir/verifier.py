@@ -21,6 +21,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TypeVar
 
+from tessera_ir.beside import beside
 from tessera_ir.errors import VerifyError
 from tessera_ir.kinds import (
     COMM_OPS,
@@ -110,45 +111,14 @@ def verify(module: Module, checks: Iterable[str] | None = None) -> None:
 
 
 def verify_beside(module: Module) -> Callable[[], None]:
-    """Start ``verify(module)`` in a forked process and return a function that waits for it and
-    raises its first error, exactly as ``verify`` would have.
+    """Start ``verify(module)`` in a forked process (``tessera_ir.beside``) and return a function
+    that waits for it and raises its first error, exactly as ``verify`` would have.
 
     For a caller with other work that only reads the module (printing it, rendering reports):
     the check runs on the other core meanwhile. The child sees the module as it is now, so it
     must not change before the wait. Where processes cannot fork, the module is verified now.
     """
-    import os
-
-    if not hasattr(os, "fork"):
-        verify(module)
-        return lambda: None
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: verify, report one byte, leave without running the parent's exit handlers
-        code = 1
-        try:
-            os.close(read_end)
-            verify(module)
-            code = 0
-        except BaseException:  # noqa: BLE001 - any failure is redone in the parent, which explains it
-            pass
-        finally:
-            try:
-                os.write(write_end, b"0" if code == 0 else b"1")
-            finally:
-                os._exit(code)
-    os.close(write_end)
-
-    def wait() -> None:
-        try:
-            with os.fdopen(read_end, "rb") as answer:
-                ok = answer.read(1) == b"0"
-        finally:
-            os.waitpid(pid, 0)
-        if not ok:
-            verify(module)  # raises the error the child found (or, had the child died, finds none)
-
-    return wait
+    return beside(lambda: verify(module))
 
 
 def _selected(checks: Iterable[str] | None) -> list[Check]:
@@ -219,17 +189,41 @@ def _walk_values(value: Value) -> Iterator[Value]:
         yield v
 
 
-def _all_attr_owners(module: Module) -> Iterator[tuple[str, str, Attrs]]:
-    """(description, location key, attrs) of every attribute dictionary in the module."""
-    yield "the module header", "module", module.attrs
+# An attribute dictionary's owner, described only when a message needs it: a planned module has
+# hundreds of thousands of plan entries, and spelling each one's description costs more than its check.
+_Owner = tuple[str, str, PlanOp | None]  # (kind, name, the plan op of an entry)
+
+
+def _all_attr_owners(module: Module) -> Iterator[tuple[_Owner, str, Attrs]]:
+    """(owner, location key, attrs) of every attribute dictionary in the module; ``_owner_text``
+    says the owner in words."""
+    yield ("module", module.name, None), "module", module.attrs
     for layer in module.layers:
-        yield f"layer '@{layer.name}'", f"layer:{layer.name}", layer.attrs
+        yield ("layer", layer.name, None), f"layer:{layer.name}", layer.attrs
         for task in layer.tasks:
-            yield f"task '@{task.name}'", f"task:{task.name}", task.attrs
+            yield ("task", task.name, None), f"task:{task.name}", task.attrs
     for op in module.plan:
-        yield f"plan {op.op} '@{op.name}'", f"plan:{op.name}", op.attrs
+        key = f"plan:{op.name}"
+        yield ("plan", op.name, op), key, op.attrs
         for entry in op.entries:
-            yield f"entry '@{entry.ref}' of plan {op.op} '@{op.name}'", f"plan:{op.name}", entry.attrs
+            yield ("entry", entry.ref, op), key, entry.attrs
+
+
+def _owner_text(owner: _Owner) -> str:
+    kind, name, op = owner
+    if kind == "module":
+        return "the module header"
+    if kind == "entry":
+        assert op is not None
+        return f"entry '@{name}' of plan {op.op} '@{op.name}'"
+    if kind == "plan":
+        assert op is not None
+        return f"plan {op.op} '@{name}'"
+    return f"{kind} '@{name}'"
+
+
+# Attribute values that hold no reference, no list and no float: nothing inside them to check.
+_PLAIN_SCALARS = (int, str, bool)
 
 
 # ---------------------------------------------------------------------------
@@ -283,12 +277,15 @@ def _references_resolve(module: Module) -> Iterator[VerifyError]:
             if dep not in task_names:
                 hint = "it names a layer or plan op, not a task" if dep in names else "no task has that name"
                 yield r.task(task, f"depends on '@{dep}', but {hint}")
-    for what, key, attrs in _all_attr_owners(module):
+    for owner, key, attrs in _all_attr_owners(module):
         for attr_key, value in attrs.items():
+            if type(value) in _PLAIN_SCALARS or type(value) is float:
+                continue
             for v in _walk_values(value):
                 if isinstance(v, SymbolRef) and v.name not in names:
                     yield r.error(
-                        f"attribute '{attr_key}' of {what} refers to '@{v.name}', which is no task, layer or plan op",
+                        f"attribute '{attr_key}' of {_owner_text(owner)} refers to '@{v.name}', which is no task, "
+                        "layer or plan op",
                         key,
                     )
     for op in module.plan:
@@ -510,26 +507,31 @@ def _attributes_legal(module: Module) -> Iterator[VerifyError]:
             yield r.task(task, f"has shapes = {spell_value(task.shapes)}; shapes are lists of positive integers")
         if not isinstance(task.movable, bool):
             yield r.task(task, f"has movable = {spell_value(task.movable)}; it must be true or false")
-    for what, key, attrs in _all_attr_owners(module):
-        pass_attrs = key.startswith("task:") or what.startswith("entry ")
+    for owner, key, attrs in _all_attr_owners(module):
+        pass_attrs = owner[0] == "task" or owner[0] == "entry"
         for attr_key, value in attrs.items():
-            if isinstance(value, list) and value_depth(value) > MAX_VALUE_DEPTH:
-                # Checked first: the walk below and every message are safe, but printing is not.
-                yield r.error(
-                    f"attribute '{attr_key}' of {what} nests lists more than {MAX_VALUE_DEPTH} deep, "
-                    "the IR's limit; flatten it",
-                    key,
-                )
-                continue
-            for v in _walk_values(value):
-                if isinstance(v, float) and not math.isfinite(v):
-                    yield r.error(f"attribute '{attr_key}' of {what} is {v!r}; attribute floats must be finite", key)
-                    break
-            else:
-                if pass_attrs and attr_key in _PASS_ATTRS:
-                    legal, rule = _PASS_ATTRS[attr_key]
-                    if not legal(value):
-                        yield r.error(f"attribute '{attr_key}' of {what} is {spell_value(value)}; it must be {rule}", key)
+            kind = type(value)
+            if kind is float:
+                if not math.isfinite(value):  # type: ignore[arg-type]
+                    yield r.error(f"attribute '{attr_key}' of {_owner_text(owner)} is {value!r}; attribute floats must be finite", key)
+                    continue
+            elif kind not in _PLAIN_SCALARS:
+                if isinstance(value, list) and value_depth(value) > MAX_VALUE_DEPTH:
+                    # Checked first: the walk below and every message are safe, but printing is not.
+                    yield r.error(
+                        f"attribute '{attr_key}' of {_owner_text(owner)} nests lists more than {MAX_VALUE_DEPTH} deep, "
+                        "the IR's limit; flatten it",
+                        key,
+                    )
+                    continue
+                bad = next((v for v in _walk_values(value) if isinstance(v, float) and not math.isfinite(v)), None)
+                if bad is not None:
+                    yield r.error(f"attribute '{attr_key}' of {_owner_text(owner)} is {bad!r}; attribute floats must be finite", key)
+                    continue
+            if pass_attrs and attr_key in _PASS_ATTRS:
+                legal, rule = _PASS_ATTRS[attr_key]
+                if not legal(value):
+                    yield r.error(f"attribute '{attr_key}' of {_owner_text(owner)} is {spell_value(value)}; it must be {rule}", key)
 
 
 @check("layer-order", "embedding first, decoders numbered 0..N-1 in order, head last")
@@ -660,33 +662,50 @@ def _side_layers(
     return out, None
 
 
+_SidesKey = tuple[tuple[str, ...], tuple[str, ...]]
+
+
 def _pair_sides(
-    pair: PlanOp, layers: dict[str, Layer], ops: dict[str, PlanOp]
+    pair: PlanOp, layers: dict[str, Layer], ops: dict[str, PlanOp],
+    built: dict[_SidesKey, list[dict[str, Task]]] | None = None,
 ) -> tuple[list[dict[str, Task]], str | None]:
     """The two sides of a pair: the forward tasks of its forward layers and the dgrad and
-    wgrad tasks of its backward layers, each by name; or the reason they cannot be built."""
+    wgrad tasks of its backward layers, each by name; or the reason they cannot be built.
+    ``built`` keeps the sides by their layers' names for the next pair of the same layers
+    (thousands of pairs, one per pair of micro-batches, share a few dozen layer combinations)."""
     if not any(k in pair.attrs for k in ("fwd", "bwd", "fwd_candidate", "bwd_candidate")):
         return [], f"pair '@{pair.name}' names no layers (neither 'fwd'/'bwd' lists nor candidates)"
-    sides: list[dict[str, Task]] = []
-    for side, phases in (("fwd", (Phase.FWD,)), ("bwd", (Phase.DGRAD, Phase.WGRAD))):
-        side_layers, problem = _side_layers(pair, side, layers, ops)
+    side_layers: list[list[Layer]] = []
+    for side in ("fwd", "bwd"):
+        found, problem = _side_layers(pair, side, layers, ops)
         if problem is not None:
             return [], problem
+        side_layers.append(found)
+    key = (tuple(layer.name for layer in side_layers[0]), tuple(layer.name for layer in side_layers[1]))
+    if built is not None and key in built:
+        return built[key], None
+    sides: list[dict[str, Task]] = []
+    for found, phases in zip(side_layers, ((Phase.FWD,), (Phase.DGRAD, Phase.WGRAD))):
         tasks: dict[str, Task] = {}
-        for layer in side_layers:
+        for layer in found:
             for task in layer.tasks:
                 if task.phase in phases:
                     tasks.setdefault(task.name, task)
         sides.append(tasks)
+    if built is not None:
+        built[key] = sides
     return sides, None
 
 
-def _entry_slot(r: _Reporter, sched: PlanOp, entry_attrs: Attrs, task: Task, where: str) -> tuple[_Slot | None, list[VerifyError]]:
+def _entry_slot(r: _Reporter, sched: PlanOp, entry_attrs: Attrs, task: Task) -> tuple[_Slot | None, list[VerifyError]]:
     errors: list[VerifyError] = []
     numbers: dict[str, float] = {}
+    where = f"entry:{sched.name}:{task.name}"  # where an error points (the entry's line)
     for name in ("start", "duration"):
         value = entry_attrs.get(name)
-        if value is None:
+        if type(value) is float and value >= 0.0 and value != math.inf:  # the common case, first
+            numbers[name] = value
+        elif value is None:
             errors.append(r.error(f"entry '@{task.name}' of pair_schedule '@{sched.name}' has no '{name}'", where))
         elif not _is_number(value) or not math.isfinite(value) or value < 0:  # type: ignore[arg-type, operator]
             errors.append(
@@ -740,6 +759,7 @@ def _schedules_valid(module: Module) -> Iterator[VerifyError]:
     for layer in module.layers:
         layers.setdefault(layer.name, layer)
     fix = "rerun the overlap-schedule pass to rebuild the schedule"
+    built: dict[_SidesKey, list[dict[str, Task]]] = {}
     for sched in module.plan:
         if sched.op != "pair_schedule":
             continue
@@ -755,21 +775,22 @@ def _schedules_valid(module: Module) -> Iterator[VerifyError]:
                 break
             pair_ops.append(pair_op)
         else:
-            yield from _check_schedule(r, sched, pair_ops, layers, ops, fix)
+            yield from _check_schedule(r, sched, pair_ops, layers, ops, fix, built)
 
 
 def _check_schedule(
-    r: _Reporter, sched: PlanOp, pair_ops: list[PlanOp], layers: dict[str, Layer], ops: dict[str, PlanOp], fix: str
+    r: _Reporter, sched: PlanOp, pair_ops: list[PlanOp], layers: dict[str, Layer], ops: dict[str, PlanOp], fix: str,
+    built: dict[_SidesKey, list[dict[str, Task]]],
 ) -> Iterator[VerifyError]:
     # The entries name the tasks of the first pair; pairs that share the schedule have
     # identical DAGs, matched to it position by position.
-    sides, problem = _pair_sides(pair_ops[0], layers, ops)
+    sides, problem = _pair_sides(pair_ops[0], layers, ops, built)
     if problem is not None:
         yield r.plan(sched, f"cannot be checked: {problem}")
         return
     task_count = sum(len(side) for side in sides)
     for other in pair_ops[1:]:
-        other_sides, other_problem = _pair_sides(other, layers, ops)
+        other_sides, other_problem = _pair_sides(other, layers, ops, built)
         if other_problem is None and sum(len(side) for side in other_sides) != task_count:
             other_problem = f"pair '@{other.name}' has {sum(len(s) for s in other_sides)} tasks, not {task_count}"
         if other_problem is not None:
@@ -780,21 +801,22 @@ def _check_schedule(
     slots: dict[str, _Slot] = {}
     counts: dict[str, int] = {}
     for entry in sched.entries:
-        where = f"entry:{sched.name}:{entry.ref}"
         task = in_pair.get(entry.ref)
         if task is None:
             yield r.error(
                 f"pair_schedule '@{sched.name}' has an entry for '@{entry.ref}', which is not a task of pair "
                 f"'@{first}' (its forward layers' forward tasks and its backward layers' dgrad and wgrad tasks)",
-                where,
+                f"entry:{sched.name}:{entry.ref}",
             )
             continue
         counts[entry.ref] = counts.get(entry.ref, 0) + 1
         if counts[entry.ref] == 2:
-            yield r.error(f"pair_schedule '@{sched.name}' places task '@{entry.ref}' more than once", where)
+            yield r.error(
+                f"pair_schedule '@{sched.name}' places task '@{entry.ref}' more than once", f"entry:{sched.name}:{entry.ref}"
+            )
         if counts[entry.ref] > 1:
             continue
-        slot, errors = _entry_slot(r, sched, entry.attrs, task, where)
+        slot, errors = _entry_slot(r, sched, entry.attrs, task)
         yield from errors
         if slot is not None:
             slots[entry.ref] = slot

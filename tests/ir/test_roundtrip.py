@@ -219,3 +219,24 @@ def test_printer_refuses_what_the_parser_could_not_read_back() -> None:
     module.layers[1].tasks[0].attrs = {"x": float("inf")}
     with pytest.raises(PrintError, match="not finite"):
         print_module(module)
+
+
+def test_plan_entries_print_every_value_type_and_refuse_the_same_bad_input_every_time() -> None:
+    from tessera_ir.model import Attrs, PlanEntry, PlanOp, SymbolRef
+
+    module = qwen3_next_like(1)
+    values: Attrs = {"b": True, "f": 0.1, "i": -3, "l": [1, [2.5, "x"]], "n": 1e-300, "r": SymbolRef("l0"), "s": "gap\"fit"}
+    module.plan.append(PlanOp("pair_schedule", "sched.0", {}, [PlanEntry("l0.task", values)]))
+    text = print_module(module)
+    assert '@l0.task {b = true, f = 0.1, i = -3, l = [1, [2.5, "x"]], n = 1e-300, r = @l0, s = "gap\\"fit"}' in text
+    assert print_module(parse_module(text)) == text
+    for _ in range(2):  # names and keys are checked once each when good, but a bad one is never remembered as good
+        module.plan[-1].entries[0] = PlanEntry("bad ref", {})
+        with pytest.raises(PrintError, match="name 'bad ref'"):
+            print_module(module)
+        module.plan[-1].entries[0] = PlanEntry("l0.task", {"9lives": 1})
+        with pytest.raises(PrintError, match="attribute name '9lives'"):
+            print_module(module)
+        module.plan[-1].entries[0] = PlanEntry("l0.task", {"x": float("nan")})
+        with pytest.raises(PrintError, match="not finite"):
+            print_module(module)
