@@ -249,7 +249,8 @@ def _capacity(
         from passes.simulation.capacity import plan_capacity
         from passes.simulation.trace import timeline_png, trace_json
 
-        result = plan_capacity(PlanView(module()), spec, iterations=args.iterations, record=bool(args.trace or args.timeline))
+        result = plan_capacity(PlanView(module()), spec, iterations=args.iterations, record=bool(args.trace or args.timeline),
+                               second_process=True)
         if args.ledger:
             from passes.costs.ledger_file import ledger_fold
 

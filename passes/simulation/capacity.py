@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -32,6 +33,7 @@ from passes.simulation.engine import COMM_KINDS, DboSettings, SimulationResult, 
 from passes.simulation.program import SimulationInput
 from passes.simulation.routing import RoutingError, RoutingModel, RoutingSpec
 from runtime.dbo import DboCounters
+from tessera_ir.beside import beside
 
 if TYPE_CHECKING:
     from passes.costs.ledger_file import LedgerFold
@@ -240,17 +242,37 @@ class CapacityReport:
 
 @dataclass
 class PlanCapacity:
-    """The capacity report of a planned module, and the recorded first iterations (for traces)."""
+    """The capacity report of a planned module, and the DBO run's recorded first iteration (for traces)."""
 
     report: CapacityReport
-    static_first: SimulationResult
     dynamic_first: SimulationResult
 
 
+# Below this many simulated task steps (tasks of every action, times iterations) a second process
+# costs more than it saves (make demo's plan simulates about 495,000 per configuration).
+_FORK_ABOVE_TASK_STEPS = 200_000
+
+
+def _task_steps(inp: SimulationInput, iterations: int) -> int:
+    return iterations * sum(len(action.program.tasks) for actions in inp.ranks for action in actions)
+
+
+def _other_core() -> bool:
+    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    return hasattr(os, "fork") and len(cores) > 1
+
+
 def plan_capacity(
-    view: PlanReader, routing: RoutingSpec, iterations: int = 10, dp: int | None = None, record: bool = False
+    view: PlanReader, routing: RoutingSpec, iterations: int = 10, dp: int | None = None, record: bool = False,
+    second_process: bool = False,
 ) -> PlanCapacity:
-    """Simulate the plan ``view`` reads (a ``PlanView``) with and without the DBO under the same routing draws."""
+    """Simulate the plan ``view`` reads (a ``PlanView``) with and without the DBO under the same routing draws.
+
+    The two configurations are independent: with ``second_process``, a second core and a large
+    plan, the static one runs in a forked process beside the DBO one (same draws, same numbers).
+    Off by default, since forking is only safe where the caller knows which threads its process
+    runs (the command-line compile does; a trainer embedding the API may not).
+    """
     from passes.simulation.build import BuildOptions, SimulationBuilder
 
     if iterations < 1:
@@ -258,11 +280,20 @@ def plan_capacity(
     static_builder = SimulationBuilder(view, BuildOptions(dp=dp))
     static_inp = static_builder.build()
     model = static_builder.routing(routing)
+
+    def static_summary() -> RunSummary:
+        return summarize("static plan", run_iterations(static_inp, model, iterations))
+
+    static_wait = (
+        beside(static_summary)
+        if second_process and _task_steps(static_inp, iterations) >= _FORK_ABOVE_TASK_STEPS and _other_core()
+        else None
+    )
     dbo_builder = SimulationBuilder(view, BuildOptions(dp=dp, dbo=True))
     dbo_inp = dbo_builder.build()
     settings = dbo_builder.dbo_settings(dbo_inp)
-    static = run_iterations(static_inp, model, iterations, record_first=record)
     dynamic = run_iterations(dbo_inp, model, iterations, settings, record_first=record)
+    static = static_wait() if static_wait is not None else static_summary()
     moe = model.moe_layers
     mean = (sum(float(model.imbalance(i)[moe].mean()) for i in range(iterations)) / iterations) if moe else 1.0
     p = static_builder.parallel
@@ -270,6 +301,6 @@ def plan_capacity(
         f"{view.module.attrs.get('model', view.module.name)} PP={p.pp} VPP={p.vpp} EP={p.ep} TP={p.tp}, {p.microbatches} micro-batches, "
         f"DP={static_builder.dp}"
     )
-    report = CapacityReport(title, static_builder.hw.name, routing.describe(), mean, summarize("static plan", static),
+    report = CapacityReport(title, static_builder.hw.name, routing.describe(), mean, static,
                             summarize("static plan + DBO", dynamic))
-    return PlanCapacity(report, static[0], dynamic[0])
+    return PlanCapacity(report, dynamic[0])

@@ -57,3 +57,28 @@ def test_text_names_every_quantity() -> None:
 def test_summarize_refuses_nothing() -> None:
     with pytest.raises(ValueError):
         summarize("x", [])
+
+
+def _plan_report(monkeypatch: pytest.MonkeyPatch, forked: bool) -> str:
+    from passes.plan_view import PlanView
+    from passes.simulation import capacity
+
+    from planned_modules import planned
+
+    monkeypatch.setattr(capacity, "_FORK_ABOVE_TASK_STEPS", 0 if forked else 10**12)
+    forks = []
+    real_beside = capacity.beside
+
+    def counted(work):
+        forks.append(work)
+        return real_beside(work)
+
+    monkeypatch.setattr(capacity, "beside", counted)
+    result = capacity.plan_capacity(PlanView(planned(dbo=True)), RoutingSpec("zipf", zipf_s=0.8, seed=3), iterations=3,
+                                    second_process=True)
+    assert len(forks) == (1 if forked and capacity._other_core() else 0)
+    return result.report.to_json() + result.report.render()
+
+
+def test_the_static_run_in_a_second_process_reports_the_same_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _plan_report(monkeypatch, forked=True) == _plan_report(monkeypatch, forked=False)
