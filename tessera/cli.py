@@ -124,10 +124,11 @@ def _dump_callback(run: Run, spec: str | None, dump_dir: str | None) -> Callable
 
 def _print_timing(
     manager_timings: list, extra: list[tuple[str, float]], after: Sequence[tuple[str, float]] = (),
-    verify_end_seconds: float = 0.0,
+    verify_end_seconds: float = 0.0, after_parts: dict[str, list[tuple[str, float]]] | None = None,
 ) -> None:
     """Capture (or the cache) and the rest of ``extra``, each pass with what it timed inside
-    itself, the verifier's runs between passes, then ``after`` (printing and writing)."""
+    itself, the verifier's runs between passes, then ``after`` (printing and writing, with
+    ``after_parts`` under the row they belong to)."""
     rows = extra + [(f"pass {t.name}", t.seconds) for t in manager_timings]
     verified = sum(t.verify_seconds for t in manager_timings)
     if verified:
@@ -138,7 +139,7 @@ def _print_timing(
     if verify_end_seconds:
         rows.append(("verify the planned module", verify_end_seconds))
     rows += list(after)
-    parts = {f"pass {t.name}": t.parts for t in manager_timings}
+    parts = {f"pass {t.name}": t.parts for t in manager_timings} | (after_parts or {})
     total = sum(s for _, s in rows)
     print("===-------------------------------------------===", file=sys.stderr)
     print("  Tessera execution timing report", file=sys.stderr)
@@ -149,6 +150,13 @@ def _print_timing(
         for label, part_s in parts.get(name, []):  # what the pass timed inside itself
             print(f"  {part_s:9.4f} s           {label}", file=sys.stderr)
     print(f"  {total:9.4f} s (100.0%)  total", file=sys.stderr)
+
+
+# How --timing names the artefacts rendered after the passes.
+_ARTEFACT_LABELS = {
+    "capacity": "the capacity report (simulated iterations)", "report": "the report", "summary": "the summary JSON",
+    "partition": "the partition JSON", "bytecode": "the plan",
+}
 
 
 def _hardware_flag(p: argparse.ArgumentParser, default: str | None, help_text: str) -> None:
@@ -475,11 +483,13 @@ def _compile(args: argparse.Namespace, run: Run) -> int:
     if printed:
         print("\n\n".join(printed))
     parsed_s = sum(seconds for _, seconds in timings[timed:])  # parsing a cached plan, which has its own row
-    after.append(("other outputs, reports, writing", time.perf_counter() - start - parsed_s))
+    other = "other outputs, reports, writing"
+    after.append((other, time.perf_counter() - start - parsed_s))
     if args.timing:
+        rendered = [(f"render {_ARTEFACT_LABELS.get(name, name)}", seconds) for name, seconds in outputs.rendered]
         _print_timing(
             manager.timings if manager is not None else [], timings, after,
-            manager.verify_end_seconds if manager is not None else 0.0,
+            manager.verify_end_seconds if manager is not None else 0.0, {other: rendered},
         )
     return 0
 

@@ -310,11 +310,18 @@ class RenderedOutputs:
         self.plan = plan
         self.served: list[str] = []  # artefacts read from the cache, and the seconds that took
         self.served_seconds = 0.0
+        self.rendered: list[tuple[str, float]] = []  # artefacts rendered here, and the seconds each took
         self._pending: list[tuple[str, bytes]] = []
+
+    def _render(self, artefact: str, render: Callable[[], bytes]) -> bytes:
+        start = time.perf_counter()
+        data = render()
+        self.rendered.append((artefact, time.perf_counter() - start))
+        return data
 
     def get(self, artefact: str, options: dict[str, Any], render: Callable[[], bytes]) -> bytes:
         if self.cache is None:
-            return render()
+            return self._render(artefact, render)
         start = time.perf_counter()
         key = output_key(self.plan, artefact, options)
         hit = self.cache.get_bytes(key)
@@ -322,7 +329,7 @@ class RenderedOutputs:
             self.served.append(artefact)
             self.served_seconds += time.perf_counter() - start
             return hit.data
-        data = render()
+        data = self._render(artefact, render)
         self._pending.append((key, data))
         return data
 

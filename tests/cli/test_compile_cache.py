@@ -300,3 +300,22 @@ def test_a_damaged_artefact_is_rendered_again(
     assert printed.err.count("does not match its checksum; ignoring it") == 5
     assert printed.out.encode() == cold["stdout"] and len(simulations) == 2
     assert {p.name: p.read_bytes() for p in sorted(out.iterdir())} == {k: v for k, v in cold.items() if k != "stdout"}
+
+
+def test_timing_says_what_rendering_each_artefact_cost_and_a_warm_compile_renders_none(
+    tmp_path: Path, cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = small_config(tmp_path)
+
+    def rendered(out: Path) -> list[str]:
+        argv = every_artefact(out, config, "--timing")
+        capsys.readouterr()
+        assert compile_main(argv) == 0
+        lines = capsys.readouterr().err.splitlines()
+        start = next(k for k, line in enumerate(lines) if line.endswith("other outputs, reports, writing"))
+        rows = [line.split(" s ", 1)[1].strip() for line in lines[start + 1 :] if " s " in line and "%)" not in line]
+        return [row for row in rows if row.startswith("render ")]
+
+    cold = rendered(tmp_path / "cold")
+    assert {"render the capacity report (simulated iterations)", "render the report", "render the summary JSON"} <= set(cold)
+    assert rendered(tmp_path / "warm") == []  # every artefact served from the compile cache
