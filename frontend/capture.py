@@ -297,11 +297,9 @@ def _symbol(name: str) -> str:
 
 
 def _validate(p: ParallelConfig, traces: list[LayerTrace]) -> None:
-    n = len(traces)
-    if p.virtual_stages > n:
-        raise ParallelMismatchError(
-            f"--pp {p.pp} x --vpp {p.vpp} = {p.virtual_stages} virtual stages but the model has only {n} decoder "
-            f"layers; lower --pp or --vpp so that pp*vpp <= {n}")
+    problem = p.stages_problem(len(traces))
+    if problem is not None:
+        raise ParallelMismatchError(problem)
     for trace in traces:
         for call in trace.blocks:
             block = call.block

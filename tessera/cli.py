@@ -34,7 +34,9 @@ from tessera.compile_cache import (
 )
 from tessera.driver import EXIT_USER_ERROR, Run, leave, run_tool, tool_parser
 from tessera_ir.errors import TesseraError
+from tessera_ir.kinds import LayerRole
 from tessera_ir.model import Module
+from tessera_ir.parallel import PLACEMENT_SETTINGS, ParallelConfig, ParallelConfigError
 from tessera_ir.parser import parse_module
 from tessera_ir.printer import print_module
 
@@ -302,10 +304,24 @@ def _noted(run: Run, *categories: type[Warning]) -> Iterator[None]:
             warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
 
 
+def _with_placement(module: Module, parallel: dict[str, Any]) -> None:
+    """Set the placement settings given (``PLACEMENT_SETTINGS``) on a captured module's header,
+    checked as capture checks them: a capture cached under other values of them is this one."""
+    given = {k: v for k, v in parallel.items() if k in PLACEMENT_SETTINGS and v is not None}
+    if not given:
+        return
+    p = ParallelConfig.from_attrs(module.attrs).replace(**given)  # raises what capture would
+    problem = p.stages_problem(sum(1 for layer in module.layers if layer.role == LayerRole.DECODER))
+    if problem is not None:
+        raise ParallelConfigError(problem)
+    module.attrs.update(p.to_attrs())
+
+
 def _captured(
     args: argparse.Namespace, run: Run, key: str | None, parallel: dict[str, Any], timings: list[tuple[str, float]]
 ) -> tuple[Module, list[str]]:
-    """The captured module, from the capture cache when it holds ``key``; and capture's warnings."""
+    """The captured module, from the capture cache when it holds ``key`` (a placement-blind
+    capture key); and capture's warnings."""
     from tessera.api import capture
 
     start = time.perf_counter()
@@ -313,6 +329,7 @@ def _captured(
     hit = cache.get(key) if cache is not None and key is not None else None
     if hit is not None:
         module = parse_module(hit.text, source=f"<captured {args.source}, from the compile cache>")
+        _with_placement(module, parallel)
         notes = hit.warnings
         timings.append(("capture (from the compile cache)", time.perf_counter() - start))
     else:
@@ -416,7 +433,8 @@ def _compile(args: argparse.Namespace, run: Run) -> int:
             text: str | None = hit.text
             module = _parsed_later(hit.text, args.source, timings)
         else:
-            captured, capture_notes = _captured(args, run, key, parallel, timings)
+            entry = capture_key(args.source, parallel, args.layer_kind, placement_blind=True) if key is not None else None
+            captured, capture_notes = _captured(args, run, entry, parallel, timings)
             captured.attrs["hardware"] = args.hardware  # the target every pass, the report and viz read
             start = time.perf_counter()
             if args.verify:

@@ -6,7 +6,10 @@ names another key or fails its checksum is ignored with a :class:`CompileCacheWa
 
 - ``captures/<key>.tir``: the IR ``capture`` makes of a model source, keyed by what capture
   reads: for ``hf:<model_type>`` the type (its default config comes from the installed
-  transformers); for a config file its bytes; the parallel settings and layer kinds given;
+  transformers); for a config file its bytes; the parallel settings and layer kinds given
+  (of the placement settings, ``tessera_ir.parallel.PLACEMENT_SETTINGS``, which change only
+  the module header, only which were given: one entry serves ``--pp 4`` and ``--pp 8``, and a
+  hit gets the values asked for set on its header and checked as capture checks them);
   the versions of torch and transformers (read from the installed packages' metadata, so
   neither is imported to make the key); and the digest of Tessera's own sources
   (:func:`source_digest`, the shipped workload settings included). A ``model.py`` is never
@@ -55,6 +58,7 @@ from typing import Any
 
 from passes.costs.profile_cache import resolve_cache_dir, tessera_version, trim_least_recent
 from passes.manager import ModulePass
+from tessera_ir.parallel import PLACEMENT_SETTINGS
 
 CACHE_FORMAT = 1
 DEFAULT_MAX_BYTES = 1024 * 2**20
@@ -103,9 +107,16 @@ def _digest(blob: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(blob, sort_keys=True, separators=(",", ":"), default=repr).encode()).hexdigest()
 
 
-def capture_key(source: object, overrides: dict[str, Any], layer_kinds: Sequence[str]) -> str | None:
+def capture_key(
+    source: object, overrides: dict[str, Any], layer_kinds: Sequence[str], placement_blind: bool = False
+) -> str | None:
     """The key of capturing ``source`` with these settings, or None when it is not cacheable
-    (a model.py, an ``nn.Module``, a config file that cannot be read: capture reports that)."""
+    (a model.py, an ``nn.Module``, a config file that cannot be read: capture reports that).
+
+    ``placement_blind``: the key of the ``captures/`` entry, which says which placement settings
+    (``PLACEMENT_SETTINGS``: they change only the module header) were given but not their values,
+    so that one capture serves every value; the compile sets the values on the header. Without
+    it, the key of exactly this capture, which the planned IR's key builds on."""
     if not isinstance(source, (str, os.PathLike)):
         return None
     text = os.fspath(source)
@@ -128,7 +139,10 @@ def capture_key(source: object, overrides: dict[str, Any], layer_kinds: Sequence
             "sources": source_digest(),
             "versions": package_versions(_CAPTURE_PACKAGES),
             "source": what,
-            "parallel": {k: v for k, v in sorted(overrides.items()) if v is not None},
+            "parallel": {
+                k: ("given" if placement_blind and k in PLACEMENT_SETTINGS else v)
+                for k, v in sorted(overrides.items()) if v is not None
+            },
             "layer_kinds": list(layer_kinds),
         }
     )

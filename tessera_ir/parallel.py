@@ -36,6 +36,14 @@ RECOMPUTE_MODULES: dict[str, str] = {
 }
 
 
+# Settings that change only the header of a captured module, never its layers or tasks: how many
+# pipeline devices and chunks the layers are placed on, how many micro-batches an iteration has,
+# how the dense state is replicated and sharded. The compile cache keeps one capture for every
+# value of these (``tessera/compile_cache.py``); a test captures a model under different values
+# and checks that only the header moves.
+PLACEMENT_SETTINGS = ("pp", "vpp", "microbatches", "dp", "distributed_optimizer")
+
+
 class ParallelConfigError(TesseraError):
     """Parallel settings that cannot describe a real run."""
 
@@ -125,6 +133,16 @@ class ParallelConfig:
         micro-batches, one more warm-up forward per rank; ``passes/pipelining/order.py``): on
         whenever there is expert-parallel communication to overlap, ``ep > 1``."""
         return self.ep > 1
+
+    def stages_problem(self, decoder_layers: int) -> str | None:
+        """Why this pipeline cannot hold a model of ``decoder_layers`` layers (every virtual stage
+        needs one), or None."""
+        if self.virtual_stages > decoder_layers:
+            return (
+                f"--pp {self.pp} x --vpp {self.vpp} = {self.virtual_stages} virtual stages but the model has only "
+                f"{decoder_layers} decoder layers; lower --pp or --vpp so that pp*vpp <= {decoder_layers}"
+            )
+        return None
 
     def recomputes(self, module: str) -> bool:
         """Whether selective recomputation drops ``module``'s activations (a RECOMPUTE_MODULES name)."""

@@ -4,6 +4,7 @@ and --no-cache never touch it; a full hit imports neither torch nor transformers
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -123,6 +124,43 @@ def test_every_changed_input_misses(tmp_path: Path, cache: Path, counted: dict[s
         compile_to(tmp_path / f"run{k}", source, *extra)
         assert counted["passes"] == before["passes"] + 1, f"changing {what} did not miss the plan cache"
         assert len(entries(cache, "plans")) == plans + k + 1, what
+
+
+@pytest.mark.slow
+def test_a_changed_placement_setting_reuses_the_capture_and_plans_as_a_fresh_capture_would(
+    tmp_path: Path, cache: Path, counted: dict[str, int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = small_config(tmp_path)
+    compile_to(tmp_path / "base", config)
+    assert counted == {"capture": 1, "passes": 1}
+    # (flags after the base settings, whether the capture is reused): --dp is not among the base
+    # settings, so giving it at all misses once (an unset setting takes the model's suggestion).
+    changes = [(["--microbatches", "16"], True), (["--pp", "4", "--vpp", "1"], True), (["--dp", "4"], False),
+               (["--dp", "8"], True)]
+    for k, (extra, reused) in enumerate(changes):
+        before = dict(counted)
+        cached = compile_to(tmp_path / f"hit{k}", config, *extra)
+        assert counted["capture"] == before["capture"] + (0 if reused else 1), extra
+        assert counted["passes"] == before["passes"] + 1, f"{extra} did not plan again"
+        assert cached == compile_to(tmp_path / f"fresh{k}", config, "--no-cache", *extra), extra
+    assert len(entries(cache, "captures")) == 2
+    # A setting the cached capture cannot take is refused as capture refuses it, and nothing is written.
+    capsys.readouterr()
+    for k, flags in enumerate((["--pp", "2", "--vpp", "3"], ["--no-cache", "--pp", "2", "--vpp", "3"])):
+        out = tmp_path / f"refused{k}.tir"
+        assert compile_main([str(config), "-o", str(out), "--passes", PIPELINE, "--no-capacity", *SETTINGS, *flags]) == 1
+        assert not out.exists()
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 2 and errors[0] == errors[1] and "6 virtual stages but the model has only 4" in errors[0]
+
+
+def test_the_capture_entry_key_names_the_placement_settings_given_but_not_their_values(tmp_path: Path) -> None:
+    config = str(small_config(tmp_path))
+    blind = functools.partial(capture_key, placement_blind=True)
+    assert blind(config, {"pp": 2, "ep": 4}, []) == blind(config, {"pp": 8, "ep": 4}, [])
+    assert blind(config, {"pp": 2}, []) != blind(config, {}, [])  # an unset one takes the model's suggestion
+    assert blind(config, {"ep": 4}, []) != blind(config, {"ep": 8}, [])  # the layers' own settings stay in it
+    assert capture_key(config, {"pp": 2}, []) != capture_key(config, {"pp": 8}, [])  # the plans' key keeps values
 
 
 def test_only_complete_keys_are_cached(tmp_path: Path) -> None:
