@@ -13,6 +13,10 @@ and the capacity report), each a fresh process, as a user runs it:
 - ``warm``: the same command again (the planned IR and every artefact rendered from it, the
   report and the simulated capacity report included, from the compile cache).
 
+Then a user's next compile after changing a placement setting (``--changed-microbatches``,
+default 128): on the cache the cold run left (the capture reused) beside the same command
+without any cache, outputs byte-identical.
+
 Printed per run: wall time of the whole command, then every row of ``--timing`` (capture,
 the passes and their inner phases, the verifier, the waits for background checks, printing
 and writing) and what is left of the wall time (interpreter start and imports); the ratios to
@@ -58,9 +62,9 @@ def pipeline(through: str, baseline: bool) -> str:
 
 def run(
     label: str, source: str, axes: dict[str, int | None], hardware: str, through: str, cache: Path, out: Path,
-    baseline: bool, demo_outputs: bool,
+    baseline: bool, demo_outputs: bool, extra: tuple[str, ...] = (),
 ) -> dict[str, float]:
-    cmd = [str(COMPILE), source, "--emit", "ir", "-o", str(out), "--timing", "--hardware", hardware]
+    cmd = [str(COMPILE), source, "--emit", "ir", "-o", str(out), "--timing", "--hardware", hardware, *extra]
     if demo_outputs:  # what `make demo` writes and prints besides the IR
         cmd += ["--summary-json", str(out.with_suffix(".summary.json")), "--partition-json",
                 str(out.with_suffix(".partition.json")), "--report"]
@@ -127,6 +131,39 @@ def compare(
     return results
 
 
+def changed_setting(
+    source: str, axes: dict[str, int | None], hardware: str, through: str, flag: str, value: int
+) -> dict[str, dict[str, float]]:
+    """A user's next compile after changing one placement setting (``flag value``): cold compile
+    first (it fills the cache), then the changed one on that cache (``recompile``: the capture is
+    reused, every schedule of a DAG seen before too) beside the same changed compile without any
+    cache (``uncached``); their outputs must be byte-identical."""
+    changed = {**axes, flag.removeprefix("--").replace("-", "_"): value}
+    with tempfile.TemporaryDirectory(prefix="tessera-bench-cache-") as tmp:
+        folder = Path(tmp)
+        cache = folder / "cache"
+        run("cold", source, axes, hardware, through, cache, folder / "cold.tir", False, True)
+        results = {
+            "uncached": run("uncached", source, changed, hardware, through, cache, folder / "uncached.tir", False, True,
+                            ("--no-cache",)),
+            "recompile": run("recompile", source, changed, hardware, through, cache, folder / "recompile.tir", False, True),
+        }
+        identical = all(
+            filecmp.cmp((folder / "uncached.tir").with_suffix(s), (folder / "recompile.tir").with_suffix(s), shallow=False)
+            for s in (".tir", ".stdout", ".summary.json", ".partition.json")
+        )
+    print(f"\n{source} after a cold compile, with {flag} {value}: recompiled on the cache vs without it")
+    print(f"{'seconds':42s}{'uncached':>10s}{'recompile':>10s}{'recompile/uncached':>20s}")
+    for row in dict.fromkeys(k for r in results.values() for k in r if k != "total"):
+        a, b = results["uncached"].get(row), results["recompile"].get(row)
+        cells = "".join(f"{v:10.2f}" if v is not None else f"{'-':>10s}" for v in (a, b))
+        ratio = f"{b / a:20.3f}" if a and b is not None else f"{'-':>20s}"
+        print(f"{row[:42]:42s}{cells}{ratio}")
+    print(f"IR, summary, partition, report and capacity report byte-identical: {'yes' if identical else 'NO'}")
+    results["identical"] = {"yes": float(identical)}
+    return results
+
+
 def verdict(what: str, seconds: float, mark: float) -> str:
     return f"  {what}: {seconds:.1f} s (mark under {mark:.0f} s: {'met' if seconds < mark else 'NOT met'})"
 
@@ -146,11 +183,19 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument(f"--large-{flag.replace('_', '-')}", type=int, default=None,
                        help="unset: the workload's suggested setting")
     p.add_argument("--no-large", action="store_true", help="skip the trillion-scale line")
+    p.add_argument("--changed-microbatches", type=int, default=128,
+                   help="the micro-batch count of the recompile after a changed setting (0 skips that line)")
     args = p.parse_args(argv)
     main_axes = {k: getattr(args, k) for k in AXES}
     demo = compare(args.source, main_axes, args.hardware, args.through, ["baseline", "cold", "warm"], demo_outputs=True)
     ok = bool(demo["identical"]["yes"])
     summary = [verdict("cold", demo["cold"]["wall"], COLD_MARK_S), verdict("warm", demo["warm"]["wall"], WARM_MARK_S)]
+    if args.changed_microbatches:
+        changed = changed_setting(args.source, main_axes, args.hardware, args.through, "--microbatches",
+                                  args.changed_microbatches)
+        ok = ok and bool(changed["identical"]["yes"])
+        summary.append(f"  recompile after --microbatches {args.changed_microbatches}: {changed['recompile']['wall']:.1f} s "
+                       f"(without the cache {changed['uncached']['wall']:.1f} s; no mark)")
     if not args.no_large:
         large_axes = {k: getattr(args, f"large_{k}") for k in AXES}
         large = compare(args.large_source, large_axes, args.large_hardware, args.large_through, ["cold", "warm"])

@@ -408,7 +408,8 @@ def _layer_kind_overrides(loaded_kinds: dict[int, MixerKind],
 
 def capture(source: str | nn.Module, parallel: ParallelConfig | None = None, overrides: dict | None = None,
             name: str | None = None,
-            layer_kinds: Mapping[int, MixerKind | str] | Iterable[str] | None = None) -> Module:
+            layer_kinds: Mapping[int, MixerKind | str] | Iterable[str] | None = None,
+            suggested: dict[str, Any] | None = None) -> Module:
     """Capture ``source`` into a Tessera IR module.
 
     Parallel settings, lowest precedence first: ParallelConfig defaults, the
@@ -418,11 +419,15 @@ def capture(source: str | nn.Module, parallel: ParallelConfig | None = None, ove
 
     ``layer_kinds`` sets the mixer kind of layers, over what recognition finds and
     over ``LAYER_KINDS`` in a model.py: ``{3: "linear_attention"}`` or command-line
-    style strings ``["3=linear_attention", "0-2=ssm"]``. Where a kind is a best guess,
+    style strings ``["3=linear_attention", "0-2=ssm"]``. ``suggested``, when given, receives the
+    source's own parallel settings (a shipped workload's, a model.py's ``PARALLEL``), the layer
+    below ``overrides``. Where a kind is a best guess,
     or the config's declared layer types disagree with what a block does, a
     ``CaptureWarning`` says so and the layer's IR attributes record it.
     """
     loaded = load_source(source)
+    if suggested is not None:
+        suggested.update(loaded.parallel)
     p = _parallel(loaded.parallel, parallel, overrides, loaded.name)
     kinds = _layer_kind_overrides(loaded.layer_kinds, layer_kinds)
     stack = capture_stack(loaded.model, p.micro_batch_size, p.seq_len, loaded.config, layer_kinds=kinds)

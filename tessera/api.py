@@ -22,15 +22,16 @@ if TYPE_CHECKING:
 DEFAULT_PIPELINE = "candidates,overlap-schedule,profile,partition,dbo-slots,pipeline"
 
 
-def capture(source: Any, layer_kinds: Any = None, **parallel: Any) -> Module:
+def capture(source: Any, layer_kinds: Any = None, suggested: Any = None, **parallel: Any) -> Module:
     """Capture a model (``hf:<type>``, a config.json path, a model.py path or an nn.Module) into IR.
 
-    ``layer_kinds`` sets mixer kinds by layer: ``{3: "linear_attention"}`` or ``["3=linear_attention"]``.
+    ``layer_kinds`` sets mixer kinds by layer: ``{3: "linear_attention"}`` or ``["3=linear_attention"]``;
+    ``suggested``, when given, receives the source's own parallel settings (below ``parallel``).
     """
     import frontend
 
     overrides = {k: v for k, v in parallel.items() if v is not None}
-    return frontend.capture(source, overrides=overrides, layer_kinds=layer_kinds)
+    return frontend.capture(source, overrides=overrides, layer_kinds=layer_kinds, suggested=suggested)
 
 
 def _announce_calibration(path: Path) -> None:

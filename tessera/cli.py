@@ -305,16 +305,28 @@ def _noted(run: Run, *categories: type[Warning]) -> Iterator[None]:
 
 
 def _with_placement(module: Module, parallel: dict[str, Any]) -> None:
-    """Set the placement settings given (``PLACEMENT_SETTINGS``) on a captured module's header,
-    checked as capture checks them: a capture cached under other values of them is this one."""
+    """Set the placement settings given (``PLACEMENT_SETTINGS``) on a cached capture's header,
+    which holds the source's own suggestion for them, and check the whole setting as capture
+    checks it: the capture this compile would have made."""
     given = {k: v for k, v in parallel.items() if k in PLACEMENT_SETTINGS and v is not None}
-    if not given:
-        return
-    p = ParallelConfig.from_attrs(module.attrs).replace(**given)  # raises what capture would
+    p = ParallelConfig.from_attrs({**module.attrs, **given})  # raises what capture would
     problem = p.stages_problem(sum(1 for layer in module.layers if layer.role == LayerRole.DECODER))
     if problem is not None:
         raise ParallelConfigError(problem)
     module.attrs.update(p.to_attrs())
+
+
+def _suggested_header(module: Module, suggested: dict[str, Any]) -> str:
+    """``module`` printed with the placement settings the source suggests (ParallelConfig's
+    defaults where it suggests none), as the capture cache keeps it."""
+    defaults = ParallelConfig().to_attrs()
+    header = {k: (list(v) if isinstance(v, tuple) else v) for k, v in {**defaults, **suggested}.items()}
+    attrs = module.attrs
+    module.attrs = {**attrs, **{k: header[k] for k in PLACEMENT_SETTINGS}}
+    try:
+        return print_module(module)
+    finally:
+        module.attrs = attrs
 
 
 def _captured(
@@ -335,9 +347,10 @@ def _captured(
     else:
         from frontend.errors import CaptureWarning
 
+        suggested: dict[str, Any] = {}
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", CaptureWarning)
-            module = capture(args.source, layer_kinds=args.layer_kind, **parallel)
+            module = capture(args.source, layer_kinds=args.layer_kind, suggested=suggested, **parallel)
         notes = []
         for warning in caught:
             if issubclass(warning.category, CaptureWarning):
@@ -347,7 +360,7 @@ def _captured(
         timings.append(("capture", time.perf_counter() - start))
         if cache is not None and key is not None:
             start = time.perf_counter()
-            cache.put(key, print_module(module), notes)
+            cache.put(key, _suggested_header(module, suggested), notes)
             timings.append(("capture cache write", time.perf_counter() - start))
     for note in notes:
         run.note(f"warning: {note}")

@@ -7,9 +7,10 @@ names another key or fails its checksum is ignored with a :class:`CompileCacheWa
 - ``captures/<key>.tir``: the IR ``capture`` makes of a model source, keyed by what capture
   reads: for ``hf:<model_type>`` the type (its default config comes from the installed
   transformers); for a config file its bytes; the parallel settings and layer kinds given
-  (of the placement settings, ``tessera_ir.parallel.PLACEMENT_SETTINGS``, which change only
-  the module header, only which were given: one entry serves ``--pp 4`` and ``--pp 8``, and a
-  hit gets the values asked for set on its header and checked as capture checks them);
+  (but not the placement settings, ``tessera_ir.parallel.PLACEMENT_SETTINGS``, which change
+  only the module header: the entry's header holds the values the source itself suggests, and
+  a hit gets the values asked for set on it and checked as capture checks them, so one entry
+  serves no ``--pp``, ``--pp 4`` and ``--pp 8``);
   the versions of torch and transformers (read from the installed packages' metadata, so
   neither is imported to make the key); and the digest of Tessera's own sources
   (:func:`source_digest`, the shipped workload settings included). A ``model.py`` is never
@@ -113,10 +114,11 @@ def capture_key(
     """The key of capturing ``source`` with these settings, or None when it is not cacheable
     (a model.py, an ``nn.Module``, a config file that cannot be read: capture reports that).
 
-    ``placement_blind``: the key of the ``captures/`` entry, which says which placement settings
-    (``PLACEMENT_SETTINGS``: they change only the module header) were given but not their values,
-    so that one capture serves every value; the compile sets the values on the header. Without
-    it, the key of exactly this capture, which the planned IR's key builds on."""
+    ``placement_blind``: the key of the ``captures/`` entry, without the placement settings
+    (``PLACEMENT_SETTINGS``: they change only the module header), so that one capture serves
+    every value of them; the entry holds the header the source itself suggests and the compile
+    sets the values given on it. Without it, the key of exactly this capture, which the planned
+    IR's key builds on."""
     if not isinstance(source, (str, os.PathLike)):
         return None
     text = os.fspath(source)
@@ -140,8 +142,8 @@ def capture_key(
             "versions": package_versions(_CAPTURE_PACKAGES),
             "source": what,
             "parallel": {
-                k: ("given" if placement_blind and k in PLACEMENT_SETTINGS else v)
-                for k, v in sorted(overrides.items()) if v is not None
+                k: v for k, v in sorted(overrides.items())
+                if v is not None and not (placement_blind and k in PLACEMENT_SETTINGS)
             },
             "layer_kinds": list(layer_kinds),
         }
