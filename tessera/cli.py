@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
 import gc
 import json
 import sys
@@ -320,13 +321,8 @@ def _suggested_header(module: Module, suggested: dict[str, Any]) -> str:
     """``module`` printed with the placement settings the source suggests (ParallelConfig's
     defaults where it suggests none), as the capture cache keeps it."""
     defaults = ParallelConfig().to_attrs()
-    header = {k: (list(v) if isinstance(v, tuple) else v) for k, v in {**defaults, **suggested}.items()}
-    attrs = module.attrs
-    module.attrs = {**attrs, **{k: header[k] for k in PLACEMENT_SETTINGS}}
-    try:
-        return print_module(module)
-    finally:
-        module.attrs = attrs
+    header = {**module.attrs, **{k: suggested.get(k, defaults[k]) for k in PLACEMENT_SETTINGS}}
+    return print_module(dataclasses.replace(module, attrs=header))
 
 
 def _captured(

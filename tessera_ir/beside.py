@@ -21,6 +21,14 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
+def cpu_cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def beside(work: Callable[[], T]) -> Callable[[], T]:
     """Start ``work`` in a forked process; return a function that waits for its result."""
     if not hasattr(os, "fork"):

@@ -53,23 +53,22 @@ _CORE_TASK_FIELDS = frozenset(CORE_TASK_FIELDS)
 @lru_cache(maxsize=1 << 16)
 def _checked_name(name: str) -> str:
     if not _NAME_RE.fullmatch(name):
-        raise PrintError(
-            f"name {name!r} cannot be printed: names use only letters, digits, '_', '.' and '-' "
-            "and do not start with '.' or '-'"
-        )
+        raise _bad_name(name)
     return "@" + name
+
+
+def _bad_name(name: object) -> PrintError:
+    return PrintError(
+        f"name {name!r} cannot be printed: names use only letters, digits, '_', '.' and '-' "
+        "and do not start with '.' or '-'"
+    )
 
 
 def format_name(name: str) -> str:
     """``@name``; names are letters, digits, '_', '.' and '-' so that they read back as one token."""
-    if type(name) is str:
-        return _checked_name(name)
-    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
-        raise PrintError(
-            f"name {name!r} cannot be printed: names use only letters, digits, '_', '.' and '-' "
-            "and do not start with '.' or '-'"
-        )
-    return "@" + name
+    if not isinstance(name, str):
+        raise _bad_name(name)
+    return _checked_name(name)
 
 
 def _word(text: str, what: str) -> str:
@@ -148,7 +147,7 @@ def format_attrs(attrs: Attrs) -> str:
             text = _quoted(value)  # type: ignore[arg-type]
         else:
             text = _format_value(value, 0)
-        parts.append((_attr_key(key) if type(key) is str else _word(key, "attribute name") + " = ") + text)
+        parts.append(_attr_key(key) + text)
     return "{" + ", ".join(parts) + "}"
 
 

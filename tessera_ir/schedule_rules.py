@@ -33,6 +33,8 @@ from fractions import Fraction
 
 TOLERANCE_US = 1e-6
 _TOLERANCE = Fraction(1, 10**6)
+# Outside this fraction of the operands' size the floats' answer is exact (see at_least).
+_FLOAT_MARGIN = 1e-12
 
 
 def at_least(later: float, *earlier: float) -> bool:
@@ -45,7 +47,7 @@ def at_least(later: float, *earlier: float) -> bool:
     slack = later - total + TOLERANCE_US
     # The float arithmetic above errs by at most (k + 2) * 2**-53 * size for k terms: far
     # below this margin (for any k < 4000), so outside it the floats' answer is exact.
-    if abs(slack) > 1e-12 * size:
+    if abs(slack) > _FLOAT_MARGIN * size:
         return slack > 0
     return Fraction(later) >= sum((Fraction(x) for x in earlier), Fraction(0)) - _TOLERANCE
 
@@ -54,7 +56,7 @@ def _after(later: float, start: float, duration: float) -> bool:
     """``at_least(later, start, duration)`` with its two terms spelled out (the hot case: a
     task's start against another's finish), decided the same way."""
     slack = later - (start + duration) + TOLERANCE_US
-    if abs(slack) > 1e-12 * (abs(later) + 1.0 + abs(start) + abs(duration)):
+    if abs(slack) > _FLOAT_MARGIN * (abs(later) + 1.0 + abs(start) + abs(duration)):
         return slack > 0
     return Fraction(later) >= Fraction(start) + Fraction(duration) - _TOLERANCE
 

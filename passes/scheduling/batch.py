@@ -7,7 +7,6 @@ the first error raised are the same for every number of workers.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -17,16 +16,10 @@ from passes.scheduling.exact import ExactSolver
 from passes.scheduling.methods import Method, schedule_dag
 from passes.scheduling.pair_dag import PairDAG
 from passes.scheduling.schedule import PairSchedule
+from tessera_ir.beside import cpu_cores
 
 # Fewer distinct DAGs per worker than this are not worth a process (a fork and some copying).
 MIN_DAGS_PER_WORKER = 16
-
-
-def cpu_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def worker_count(jobs: int | None, dags: int) -> int:

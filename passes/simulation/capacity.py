@@ -33,7 +33,7 @@ from passes.simulation.engine import COMM_KINDS, DboSettings, SimulationResult, 
 from passes.simulation.program import SimulationInput
 from passes.simulation.routing import RoutingError, RoutingModel, RoutingSpec
 from runtime.dbo import DboCounters
-from tessera_ir.beside import beside
+from tessera_ir.beside import beside, cpu_cores
 
 if TYPE_CHECKING:
     from passes.costs.ledger_file import LedgerFold
@@ -258,8 +258,7 @@ def _task_steps(inp: SimulationInput, iterations: int) -> int:
 
 
 def _other_core() -> bool:
-    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
-    return hasattr(os, "fork") and len(cores) > 1
+    return hasattr(os, "fork") and cpu_cores() > 1
 
 
 def plan_capacity(
