@@ -22,12 +22,16 @@ Then every distinct task of the pairs runs on its own (at the pairs' scale, as a
 chain of copies of it, between reference readings) against its analytic isolated duration, by
 kernel class, so a pair's error can be traced to its tasks or to how they overlap; and the reference kernel is read on warm buffers
 beside single runs on fresh ones (first-touch page faults, which once biased every reading).
+With ``--pair-tasks`` every pair runs once more and is printed task by task: each task's time
+inside the pair beside its time alone and the contention model's start, end and duration on
+those times, and the streams' busy time measured against modelled (which tasks the error sits in).
 
 The mark on this CPU: at most 10% mean and 25% p95 absolute error of the contention
 model over the bench's pairs in one run (published on H100/H200: ~5% mean, 15% tail).
 
     .venv/bin/python bench/bench_cost_model.py            # fresh calibration and measurements
     .venv/bin/python bench/bench_cost_model.py --quick    # fewer repeats, quick calibration
+    .venv/bin/python bench/bench_cost_model.py --rounds 3 --statistic min --pair-tasks
 
 Writes ``bench/results/cost_model.csv`` (one row per pair) and
 ``bench/results/cost_model.json`` (rows, summary, the calibrated hardware).
@@ -117,6 +121,23 @@ def task_key(e: ExecTaskType) -> tuple:
     return (e.resource, e.flops, e.bytes, tuple(e.shapes))
 
 
+def executed_view(module, hw, world: int, statistic: str):  # noqa: ANN001, ANN201
+    """What re-executing a profiled module's pairs needs: the plan seen on the measured device
+    (fp32, ``world`` EP ranks), the pairs' scale, the calibration's reference chain and its
+    calibrated time, and the statistic's reading of repeats."""
+    from dataclasses import replace
+
+    from passes.costs.calibrate_cpu import reference_tasks
+    from passes.plan_view import PlanView
+
+    target = PlanView(module)
+    view = PlanView(module, device=hw, parallel=replace(target.parallel, dtype="fp32", ep=world))
+    spec = hw.extra["reference"]
+    assert isinstance(spec, dict)
+    pick = min if statistic == "min" else statistics.median
+    return view, float(module.attrs["profile_scale"]), reference_tasks(spec), float(spec["us"]), pick
+
+
 def per_task_rows(
     source: str, module, hw, executor, repeats: int, statistic: str,  # noqa: ANN001
 ) -> list[dict]:
@@ -130,19 +151,12 @@ def per_task_rows(
     statistic of the readings around it (each as long as the chain)."""
     from dataclasses import replace
 
-    from passes.costs.calibrate_cpu import CHAIN_WINDOW_US, MAX_CHAIN, reference_tasks, slowest_rank_time
+    from passes.costs.calibrate_cpu import CHAIN_WINDOW_US, MAX_CHAIN, slowest_rank_time
     from passes.costs.durations import analytic_duration_us
     from passes.costs.execution import MAX_REFERENCE_RUNS, exec_tasks
-    from passes.plan_view import PlanView
     from runtime.pair_executor import executed_work
 
-    target = PlanView(module)
-    view = PlanView(module, device=hw, parallel=replace(target.parallel, dtype="fp32", ep=executor.world_size))
-    scale = float(module.attrs["profile_scale"])
-    spec = hw.extra["reference"]
-    assert isinstance(spec, dict)
-    reference, reference_us = reference_tasks(spec), float(spec["us"])
-    pick = min if statistic == "min" else statistics.median
+    view, scale, reference, reference_us, pick = executed_view(module, hw, executor.world_size, statistic)
     seen: dict[tuple, dict] = {}
     for pair in view.pairs:
         items = view.scheduled_tasks(pair)
@@ -200,6 +214,59 @@ def with_measured_tasks(module, hw, world: int, measured: dict[tuple, float]) ->
     return out
 
 
+def pair_task_rows(
+    source: str, pairs: list, module, hw, executor, measured: dict[tuple, float], repeats: int, statistic: str,  # noqa: ANN001
+) -> list[dict]:
+    """Each pair executed once more, task by task: every task's duration inside the pair (the slowest
+    rank's, the ``statistic`` of the repeats, at the reference speed) and its mean end from the
+    pair's start, beside the task alone (``measured``, by :func:`task_key`) and the contention
+    model's start, end and duration on those measured durations. Says which tasks a pair's error
+    sits in: the isolated durations are the same on both sides, so what differs is overlap."""
+    from passes.costs.calibrate_cpu import slowest_rank_time
+    from passes.costs.execution import MAX_REFERENCE_RUNS, exec_tasks, predicted_exec
+
+    view, scale, reference, reference_us, pick = executed_view(module, hw, executor.world_size, statistic)
+    by_name = {p.name: p for p in view.pairs}
+    out = []
+    for label, op in pairs:
+        items = view.scheduled_tasks(by_name[op.name])
+        execs = exec_tasks(items, scale, "fp32", hw, view.parallel)
+        model, _ = predicted_exec(items, execs, hw, view.parallel, executor.world_size, lambda e: measured[task_key(e)])
+        runs = max(1, min(MAX_REFERENCE_RUNS, round(model.makespan / reference_us)))
+        m = executor.measure(execs, repeats=repeats, warmup=1, reference=reference, reference_runs=runs)
+        speed = reference_us / pick(m.reference_us)
+        for e in sorted(execs, key=lambda e: (model.start[e.name], e.resource)):
+            out.append({
+                "source": source, "combination": label, "task": e.name, "stream": e.resource,
+                "alone_us": measured[task_key(e)], "in_pair_us": slowest_rank_time(m, e.name, statistic) * speed,
+                "end_mean_us": m.task_end_mean_us[e.name] * speed,
+                "model_us": model.finish[e.name] - model.start[e.name], "model_start_us": model.start[e.name],
+                "model_end_us": model.finish[e.name], "pair_us": pick(m.samples_us) * speed,
+                "model_pair_us": model.makespan,
+            })
+    return out
+
+
+def print_pair_tasks(rows: list[dict]) -> None:
+    """Per pair: the streams' busy time in the pair against the model's, then every task."""
+    for (source, label) in dict.fromkeys((r["source"], r["combination"]) for r in rows):
+        sel = [r for r in rows if r["source"] == source and r["combination"] == label]
+        busy = {
+            stream: (sum(r["in_pair_us"] for r in sel if r["stream"] == stream), sum(r["model_us"] for r in sel if r["stream"] == stream))
+            for stream in ("compute", "comm")
+        }
+        print(
+            f"\n{source} {label}: pair {sel[0]['pair_us']:.0f} µs measured, {sel[0]['model_pair_us']:.0f} modelled on the "
+            f"tasks' own times; busy in the pair / modelled: compute {busy['compute'][0]:.0f} / {busy['compute'][1]:.0f}, "
+            f"comm {busy['comm'][0]:.0f} / {busy['comm'][1]:.0f} µs"
+        )
+        print_table(f"{'task':30} {'stream':7} {'alone':>7} {'in pair':>8} {'model':>7} {'model start':>11} {'model end':>9} {'end (mean)':>10}", [
+            f"{r['task'][:30]:30} {r['stream']:7} {r['alone_us']:7.0f} {r['in_pair_us']:8.0f} {r['model_us']:7.0f} "
+            f"{r['model_start_us']:11.0f} {r['model_end_us']:9.0f} {r['end_mean_us']:10.0f}"
+            for r in sel
+        ])
+
+
 def reference_first_touch(hw, executor, runs: int) -> dict[str, float]:  # noqa: ANN001
     """The reference kernel read as the normalisation reads it (warm buffers, several runs in one
     call) and as it once read it (one run on freshly allocated buffers per call), side by side."""
@@ -224,12 +291,18 @@ def main() -> int:
     ap.add_argument("--cache-dir", default=None, help="reuse a profile cache (default: a fresh temporary one)")
     ap.add_argument("--no-save", action="store_true")
     ap.add_argument("--no-tasks", action="store_true", help="skip timing every distinct task of the pairs alone")
+    ap.add_argument(
+        "--pair-tasks", action="store_true",
+        help="execute every pair once more and print it task by task (in the pair, alone, and as modelled)",
+    )
     ap.add_argument("--rounds", type=int, default=1, help="times every pair is executed afresh (each with its repeats)")
     ap.add_argument(
         "--statistic", choices=["min", "median"], default="median",
         help="reading of the repeats (calibration and pairs alike): median, or min (least disturbed)",
     )
     args = ap.parse_args()
+    if args.pair_tasks and args.no_tasks:
+        ap.error("--pair-tasks needs every task timed alone; drop --no-tasks")
     repeats = args.repeats or (3 if args.quick else 7)
 
     import frontend
@@ -263,6 +336,7 @@ def main() -> int:
     ]
     rows = []
     task_rows: list[dict] = []
+    pair_tasks: list[dict] = []
     first_touch: dict[str, float] | None = None
     for source, spec, overrides in sources:
         module = frontend.capture(str(ROOT / spec) if spec.endswith(".py") else spec, overrides=overrides)
@@ -290,9 +364,10 @@ def main() -> int:
                 if first_touch is None:
                     first_touch = reference_first_touch(hw, executor, 2 * repeats + 1)
                 task_rows += per_task_rows(source, module, hw, executor, repeats, args.statistic)
-            hybrid = with_measured_tasks(
-                module, hw, 2, {t["key"]: t["measured_us"] for t in task_rows if t["source"] == source}
-            )
+                alone = {t["key"]: t["measured_us"] for t in task_rows if t["source"] == source}
+                if args.pair_tasks:
+                    pair_tasks += pair_task_rows(source, pairs, module, hw, executor, alone, repeats, args.statistic)
+            hybrid = with_measured_tasks(module, hw, 2, alone)
         for label, op in pairs:
             readings = [rd[op.name] for rd in per_round]
             a = readings[0]
@@ -409,6 +484,10 @@ def main() -> int:
                     ratio = sum(t["predicted_us"] for t in sel) / sum(t["measured_us"] for t in sel)
                     err = statistics.mean(abs(t["error"]) for t in sel)
                     print(f"{source:15} {cls:10} {len(sel):3d} tasks  predicted/measured {ratio:5.2f}  mean |error| {err:6.1%}")
+    if pair_tasks:
+        print("\nevery pair task by task (µs at the executed size and the reference speed; in pair: the slowest rank's, "
+              f"{args.statistic} of {repeats} repeats; alone: the table above; model: the contention model on those times)")
+        print_pair_tasks(pair_tasks)
     overall = summaries["all"]
     met = overall["contention_mean_error"] <= 0.10 and overall["contention_p95_error"] <= 0.25
     print(
@@ -445,6 +524,7 @@ def main() -> int:
             "tasks": task_rows,
             "reference_first_touch": first_touch,
             "cpu_hardware": hw_json,
+            "pair_tasks": pair_tasks,
         }, indent=1, default=str) + "\n")
         print(f"wrote {RESULTS / 'cost_model.csv'} and {RESULTS / 'cost_model.json'}", file=sys.stderr)
     if tmp is not None:
