@@ -27,7 +27,9 @@ slowest rank's.
   beside a longer All-to-All, a small All-to-All beside a much longer GEMM (the
   comm thread's wait for a core, ``comm_wait_beside_compute_us``), and a large
   All-to-All beside a longer GEMM and a longer copy → ``sm_share_lost``,
-  ``comm_hbm_share``, ``comm_slowdown_per_compute``, ``comm_slowdown_per_memory``;
+  ``comm_hbm_share``, ``comm_slowdown_per_compute``, ``comm_slowdown_per_memory``; the small
+  All-to-All's own duration beside the GEMM over alone → ``comm_latency_slowdown_per_compute``
+  (how a latency-bound transfer stretches beside busy cores; ``latency_bound_comm`` is set);
 - first of all, the *reference kernel* (``reference_tasks``: a GEMM and a copy in a chain,
   a few ms) and its median time → ``reference``. A shared machine's speed
   drifts (other work, clock changes) by up to 2x over seconds, so the reference is read
@@ -323,6 +325,11 @@ def calibrate(executor: PairExecutor, quick: bool = False, statistic: str = "med
             break
         cover_us *= 2  # the wait ran into the end of the GEMM: measure again beside a longer one
     comm_wait_us = max(0.0, beside - small_alone)
+    # The same small, latency-bound All-to-All's own duration (from when its thread runs) beside
+    # that GEMM over alone: how much its latency stretches beside busy cores.
+    latency_alone = task_time([_a2a("a", wait_bytes)], "a", 3 * repeats)
+    latency_beside = task_time([_a2a("a", wait_bytes), _gemm("g", cover_n(cover_us), dtype)], "a", 3 * repeats)
+    comm_latency_slowdown = max(0.0, latency_beside / latency_alone - 1.0)
 
     # Read by end times as well, so that the wait taken off is the one that was measured.
     a2a_bytes = large
@@ -374,6 +381,8 @@ def calibrate(executor: PairExecutor, quick: bool = False, statistic: str = "med
             "comm_slowdown_per_memory": comm_slowdown_per_memory,
             "cross_stream_sync_us": sync_us,
             "comm_wait_beside_compute_us": comm_wait_us,
+            "latency_bound_comm": True,
+            "comm_latency_slowdown_per_compute": comm_latency_slowdown,
             "calibrated": True,
         },
         "calibration": {

@@ -47,6 +47,17 @@ The comm task makes no progress (and takes nothing from its neighbour) during
 that wait, which is spent only while a compute task runs: when the compute
 stream idles the comm thread gets a core at once and the wait is over.
 
+A *latency-bound* comm task (``latency_bound_comm``, set by the CPU calibration; off for GPUs) is
+priced by the share ``b`` of its isolated duration spent moving bytes (``durations.comm_bandwidth_share``;
+the rest is latency). On CPU such a task is a thread that mostly sleeps between messages: beside it a
+compute task keeps ``1 - sm_share_lost * b`` of the cores (and ``1 - comm_hbm_share * b`` of the
+bandwidth), and the comm task itself progresses at
+``1 / (1 + (b * comm_slowdown_per_compute + (1 - b) * comm_latency_slowdown_per_compute) * u_sm +
+comm_slowdown_per_memory * u_mem)``: its messages wait for a core at every wake-up. (Executed task by
+task, the tiny model's pairs showed exactly that: their 32-96 kB All-to-Alls took 1.0-4.6x their
+lone time inside a pair while the GEMMs beside them kept their lone speed, where the 16 MB readings
+the other figures come from said the opposite.) At ``b = 1`` the rates are the ones above.
+
 A dependency that crosses streams costs ``cross_stream_sync_us`` before the
 waiting task may start (a CUDA stream waiting on an event: a few µs, left at 0
 for GPUs; a CPU thread woken by another: tens to hundreds of µs, calibrated).
@@ -91,6 +102,10 @@ class ContentionParams:
     comm_slowdown_per_memory: float  # comm stretch per unit of neighbour memory utilisation
     cross_stream_sync_us: float = 0.0  # delay before a task whose dependency ran on the other stream may start
     comm_wait_beside_compute_us: float = 0.0  # a comm task's wait for a processor while compute runs
+    # Latency-bound comm (on CPU: a thread that sleeps between messages): the compute slowdown a comm
+    # task causes scales with its bandwidth share, and its own latency part stretches at this rate.
+    latency_bound_comm: bool = False
+    comm_latency_slowdown_per_compute: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("sm_share_lost", "comm_hbm_share"):
@@ -99,6 +114,7 @@ class ContentionParams:
                 raise ContentionError(f"contention parameter {name} = {value} must lie in [0, 1)")
         for name in (
             "comm_slowdown_per_compute", "comm_slowdown_per_memory", "cross_stream_sync_us", "comm_wait_beside_compute_us",
+            "comm_latency_slowdown_per_compute",
         ):
             if getattr(self, name) < 0.0:
                 raise ContentionError(f"contention parameter {name} = {getattr(self, name)} must be >= 0")
@@ -127,6 +143,8 @@ class ContentionParams:
             comm_slowdown_per_memory=float(block.get("comm_slowdown_per_memory", DEFAULT_COMM_SLOWDOWN_PER_MEMORY)),
             cross_stream_sync_us=float(block.get("cross_stream_sync_us", 0.0)),
             comm_wait_beside_compute_us=float(block.get("comm_wait_beside_compute_us", 0.0)),
+            latency_bound_comm=bool(block.get("latency_bound_comm", False)),
+            comm_latency_slowdown_per_compute=float(block.get("comm_latency_slowdown_per_compute", 0.0)),
         )
 
 
@@ -141,6 +159,7 @@ class ContendedTask:
     deps: tuple[str, ...] = ()
     sm_util: float = 1.0  # compute tasks: SM utilisation when alone
     mem_util: float = 0.0  # compute tasks: memory-bandwidth utilisation when alone
+    bandwidth_share: float = 1.0  # comm tasks: the share of the isolated duration spent moving bytes
 
 
 @dataclass(frozen=True)
@@ -170,6 +189,17 @@ def comm_rate(neighbour: ContendedTask, params: ContentionParams) -> float:
     return 1.0 / (
         1.0 + params.comm_slowdown_per_compute * neighbour.sm_util + params.comm_slowdown_per_memory * neighbour.mem_util
     )
+
+
+def _latency_bound_rates(compute: ContendedTask, share: float, params: ContentionParams) -> tuple[float, float]:
+    """(compute rate, comm rate) beside a comm task that moves bytes for ``share`` of its time."""
+    rate = 1.0
+    if compute.sm_util > 0:
+        rate = min(rate, (1.0 - params.sm_share_lost * share) / compute.sm_util)
+    if compute.mem_util > 0:
+        rate = min(rate, (1.0 - params.comm_hbm_share * share) / compute.mem_util)
+    per_compute = share * params.comm_slowdown_per_compute + (1.0 - share) * params.comm_latency_slowdown_per_compute
+    return rate, 1.0 / (1.0 + per_compute * compute.sm_util + params.comm_slowdown_per_memory * compute.mem_util)
 
 
 def retime(tasks: Sequence[ContendedTask], params: ContentionParams) -> RetimedPair:
@@ -203,6 +233,7 @@ def retime(tasks: Sequence[ContendedTask], params: ContentionParams) -> RetimedP
     compute_rates = [compute_rate(t, params) if stream_of[i] == 0 else 1.0 for i, t in enumerate(tasks)]
     comm_rates = [comm_rate(t, params) if stream_of[i] == 0 else 1.0 for i, t in enumerate(tasks)]
     comm_wait = params.comm_wait_beside_compute_us
+    latency_bound = params.latency_bound_comm
     pos = [0, 0]
     running = [-1, -1]
     remaining = [0.0] * n
@@ -260,6 +291,8 @@ def retime(tasks: Sequence[ContendedTask], params: ContentionParams) -> RetimedP
             if wait[comm] > 0.0:
                 stalled = comm
                 rate_comm = 0.0  # not running yet, so it slows nothing either
+            elif latency_bound:
+                rate_compute, rate_comm = _latency_bound_rates(tasks[comp], tasks[comm].bandwidth_share, params)
             else:
                 rate_compute = compute_rates[comp]
                 rate_comm = comm_rates[comp]

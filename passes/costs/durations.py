@@ -84,6 +84,12 @@ def all_to_all_us(task: Task, hw: Hardware, parallel: ParallelConfig) -> float:
     return hw.a2a_latency_us + a2a_transfer_s(task.bytes, parallel.ep, hw, top_k) * 1e6
 
 
+def comm_bandwidth_share(task: Task, hw: Hardware, parallel: ParallelConfig) -> float:
+    """The share of a comm task's isolated duration spent moving bytes (the rest is latency)."""
+    total = all_to_all_us(task, hw, parallel)
+    return (total - hw.a2a_latency_us) / total if total > 0 else 0.0
+
+
 def analytic_duration_us(task: Task, hw: Hardware, parallel: ParallelConfig) -> float:
     """The estimate of the module docstring, ignoring any given ``duration_us``.
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from passes.costs.contention import ContentionParams, RetimedPair
-from passes.costs.durations import analytic_duration_us, task_utilisation
+from passes.costs.durations import analytic_duration_us, comm_bandwidth_share, task_utilisation
 from passes.costs.hardware import Hardware
 from passes.costs.pair_costs import ScheduledTask, analytic_cost, contended_tasks
 from runtime.pair_executor import ExecTask, PairExecutor, PairMeasurement, executed_work
@@ -115,6 +115,7 @@ def predicted_exec(
         scaled,
         (lambda t: given[t.name]) if duration is not None else (lambda t: analytic_duration_us(t, hw, run)),
         lambda t: task_utilisation(t, hw, run),
+        lambda t: comm_bandwidth_share(t, hw, run),
     )
     return analytic_cost(tasks, ContentionParams.from_hardware(hw, run.ep))
 

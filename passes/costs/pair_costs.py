@@ -30,12 +30,15 @@ def contended_tasks(
     items: list[ScheduledTask],
     duration: Callable[[Task], float],
     utilisation: Callable[[Task], tuple[float, float]],
+    bandwidth_share: Callable[[Task], float] | None = None,
 ) -> list[ContendedTask]:
-    """The contention model's view of a scheduled pair: isolated durations and utilisations."""
+    """The contention model's view of a scheduled pair: isolated durations and utilisations (and
+    with ``bandwidth_share``, each comm task's share of its duration spent moving bytes)."""
     out = []
     for s in items:
         sm, mem = utilisation(s.task)
-        out.append(ContendedTask(s.task.name, s.stream, duration(s.task), s.order, s.deps, sm, mem))
+        share = bandwidth_share(s.task) if bandwidth_share is not None and s.stream == "comm" else 1.0
+        out.append(ContendedTask(s.task.name, s.stream, duration(s.task), s.order, s.deps, sm, mem, share))
     return out
 
 
@@ -50,7 +53,8 @@ def retime_key(tasks: list[ContendedTask]) -> tuple | None:
     if len(position) != len(tasks) or any(d not in position for t in tasks for d in t.deps):
         return None
     return tuple(
-        (t.resource, t.duration, t.order, t.sm_util, t.mem_util, tuple(position[d] for d in t.deps)) for t in tasks
+        (t.resource, t.duration, t.order, t.sm_util, t.mem_util, t.bandwidth_share, tuple(position[d] for d in t.deps))
+        for t in tasks
     )
 
 

@@ -487,6 +487,7 @@ def test_retime_key_ignores_names_but_not_order_or_work():
     assert retime_key(renamed) == retime_key(tasks)
     assert retime_key([tasks[0], tasks[1], replace(tasks[2], deps=("a",))]) != retime_key(tasks)
     assert retime_key([tasks[0], tasks[1], replace(tasks[2], mem_util=0.9)]) != retime_key(tasks)
+    assert retime_key([tasks[0], replace(tasks[1], bandwidth_share=0.1), tasks[2]]) != retime_key(tasks)
     swapped = [replace(tasks[0], order=1), tasks[1], replace(tasks[2], order=0, deps=())]
     assert retime_key(swapped) != retime_key(tasks)
 

@@ -68,6 +68,11 @@ def test_gemm_figures_follow_the_slowest_rank(statistic: str) -> None:
     # Every All-to-All size read on its own (the slowest rank's duration) on the line it lies on.
     assert data["a2a_latency_us"] == pytest.approx(50.0)
     assert data["nvlink_gbps"] == pytest.approx(2.0)
+    # The latency-bound regime: the fake runs tasks one after another, so a small All-to-All beside
+    # a GEMM lasts what it lasts alone.
+    contention = data["contention"]
+    assert contention["latency_bound_comm"] is True  # type: ignore[index]
+    assert contention["comm_latency_slowdown_per_compute"] == pytest.approx(0.0)  # type: ignore[index]
 
 
 def test_slowest_rank_time_reads_the_statistic_asked_for() -> None:

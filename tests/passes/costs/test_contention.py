@@ -204,3 +204,26 @@ def test_every_retimed_schedule_keeps_its_orders_and_dependencies(tasks, sync, w
     assert list(got.start.values()) == sorted(got.start.values())
     assert list(got.finish.values()) == sorted(got.finish.values())
     assert got.makespan == max(got.finish.values(), default=0.0)
+
+
+def test_a_latency_bound_comm_task_takes_its_bandwidth_share_and_stretches_its_latency():
+    # The CPU regime: a comm thread that mostly sleeps between messages slows the GEMM beside it only
+    # for the share of its time it moves bytes, and its latency part stretches at its own rate.
+    params = ContentionParams(
+        sm_share_lost=0.5, comm_hbm_share=0.0, comm_slowdown_per_compute=0.2, comm_slowdown_per_memory=0.0,
+        latency_bound_comm=True, comm_latency_slowdown_per_compute=1.0,
+    )
+    latency_only = ContendedTask("a2a", "comm", 100.0, 0, (), 0.0, 0.0, bandwidth_share=0.0)
+    r = retime([compute("gemm", 1000.0, 0), latency_only], params)
+    assert r.finish["a2a"] == pytest.approx(200.0)  # 100 µs at rate 1 / (1 + 1.0)
+    assert r.finish["gemm"] == pytest.approx(1000.0)  # not slowed at all
+    half = ContendedTask("a2a", "comm", 100.0, 0, (), 0.0, 0.0, bandwidth_share=0.5)
+    r = retime([compute("gemm", 1000.0, 0), half], params)
+    assert r.finish["a2a"] == pytest.approx(100.0 * (1 + 0.5 * 0.2 + 0.5 * 1.0))
+    # While the All-to-All runs the GEMM keeps 1 - 0.5 * 0.5 of its speed.
+    assert r.finish["gemm"] == pytest.approx(1000.0 + r.finish["a2a"] * 0.25)
+    # A bandwidth-bound task (share 1) is priced as without the regime.
+    full = ContendedTask("a2a", "comm", 100.0, 0, (), 0.0, 0.0, bandwidth_share=1.0)
+    regime = retime([compute("gemm", 1000.0, 0), full], params)
+    plain = retime([compute("gemm", 1000.0, 0), full], ContentionParams(0.5, 0.0, 0.2, 0.0))
+    assert regime.finish == pytest.approx(plain.finish)
