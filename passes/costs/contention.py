@@ -174,32 +174,24 @@ class RetimedPair:
         return {t.name: (self.finish[t.name] - self.start[t.name]) / t.duration if t.duration > 0 else 1.0 for t in tasks}
 
 
-def compute_rate(task: ContendedTask, params: ContentionParams) -> float:
-    """Progress rate of a compute task while a comm task runs beside it."""
+def compute_rate(task: ContendedTask, params: ContentionParams, share: float = 1.0) -> float:
+    """Progress rate of a compute task while a comm task runs beside it, one that moves bytes for
+    ``share`` of its time (below 1 only for latency-bound comm; see the module docstring)."""
     rate = 1.0
     if task.sm_util > 0:
-        rate = min(rate, (1.0 - params.sm_share_lost) / task.sm_util)
+        rate = min(rate, (1.0 - params.sm_share_lost * share) / task.sm_util)
     if task.mem_util > 0:
-        rate = min(rate, (1.0 - params.comm_hbm_share) / task.mem_util)
+        rate = min(rate, (1.0 - params.comm_hbm_share * share) / task.mem_util)
     return rate
 
 
-def comm_rate(neighbour: ContendedTask, params: ContentionParams) -> float:
-    """Progress rate of a comm task while compute task ``neighbour`` runs beside it."""
-    return 1.0 / (
-        1.0 + params.comm_slowdown_per_compute * neighbour.sm_util + params.comm_slowdown_per_memory * neighbour.mem_util
-    )
-
-
-def _latency_bound_rates(compute: ContendedTask, share: float, params: ContentionParams) -> tuple[float, float]:
-    """(compute rate, comm rate) beside a comm task that moves bytes for ``share`` of its time."""
-    rate = 1.0
-    if compute.sm_util > 0:
-        rate = min(rate, (1.0 - params.sm_share_lost * share) / compute.sm_util)
-    if compute.mem_util > 0:
-        rate = min(rate, (1.0 - params.comm_hbm_share * share) / compute.mem_util)
-    per_compute = share * params.comm_slowdown_per_compute + (1.0 - share) * params.comm_latency_slowdown_per_compute
-    return rate, 1.0 / (1.0 + per_compute * compute.sm_util + params.comm_slowdown_per_memory * compute.mem_util)
+def comm_rate(neighbour: ContendedTask, params: ContentionParams, share: float = 1.0) -> float:
+    """Progress rate of a comm task, moving bytes for ``share`` of its time, while compute task
+    ``neighbour`` runs beside it (its latency part stretches at the latency rate)."""
+    per_compute = params.comm_slowdown_per_compute
+    if share < 1.0:
+        per_compute = share * per_compute + (1.0 - share) * params.comm_latency_slowdown_per_compute
+    return 1.0 / (1.0 + per_compute * neighbour.sm_util + params.comm_slowdown_per_memory * neighbour.mem_util)
 
 
 def retime(tasks: Sequence[ContendedTask], params: ContentionParams) -> RetimedPair:
@@ -291,8 +283,9 @@ def retime(tasks: Sequence[ContendedTask], params: ContentionParams) -> RetimedP
             if wait[comm] > 0.0:
                 stalled = comm
                 rate_comm = 0.0  # not running yet, so it slows nothing either
-            elif latency_bound:
-                rate_compute, rate_comm = _latency_bound_rates(tasks[comp], tasks[comm].bandwidth_share, params)
+            elif latency_bound:  # the rates depend on the comm task too
+                share = tasks[comm].bandwidth_share
+                rate_compute, rate_comm = compute_rate(tasks[comp], params, share), comm_rate(tasks[comp], params, share)
             else:
                 rate_compute = compute_rates[comp]
                 rate_comm = comm_rates[comp]
