@@ -9,12 +9,17 @@ matching the statistic the measured pairs are compared by (the comm thread's wai
 core is the exception: a mean, see below), and each repeat is read as a pair's time is: the
 slowest rank's.
 
-- matrix-multiply throughput and per-task overhead per dtype (fp32, bf16,
-  fp16), fitted as ``t = launch + flops / peak`` over square GEMMs from tiny
-  to a few milliseconds, every side a multiple of 8 like every executed GEMM's
-  (``execution.GEMM_ALIGN``) → ``peak_tflops`` and ``kernel_launch_us`` (fp32, the
-  executed dtype). This and the copy below time each size as a pair-length chain of
-  distinct copies of the task (``CHAIN_WINDOW_US``), not one task on its own;
+- matrix-multiply throughput, operand packing and per-task overhead per dtype (fp32, bf16,
+  fp16), fitted as ``t = launch + flops / peak + bytes / packing`` over square GEMMs from tiny
+  to a few milliseconds (``bytes``: the operands and the result), every side a multiple of 8
+  like every executed GEMM's (``execution.GEMM_ALIGN``) → ``peak_tflops``, ``gemm_packing_gbps``
+  and ``kernel_launch_us`` (fp32, the executed dtype). The packing term is what the squares'
+  times say beyond ``launch + flops / peak``: without it the fitted line priced the pairs'
+  small and skinny GEMMs (a few to a few tens of MFLOP, or 3328x160x160) 10-30% short, a
+  throughput that depends on FLOPs alone priced the skinny ones worse, and the squares
+  themselves run at 50-55 GFLOP/s near 2 MFLOP, 65-75 near 13 and 85-97 from 40 MFLOP up. This
+  and the copy below time each size as a pair-length chain of distinct copies of the task
+  (``CHAIN_WINDOW_US``), not one task on its own;
 - memory bandwidth from a large tensor copy (bytes read + written per second)
   → ``hbm_gbps``;
 - gloo All-to-All between the local processes at nine sizes, each on its own (Theil-Sen fit) →
@@ -69,6 +74,10 @@ from tessera_ir.kinds import TaskOp
 # Length of the GEMM a small All-to-All is timed beside to read the comm thread's wait
 # for a processor: several scheduler time slices (a few ms each), doubled while too short.
 WAIT_COVER_US = 20_000.0
+# Sweeps over the fp32 GEMM sizes (the executed dtype; see calibrate).
+GEMM_ROUNDS = 3
+# Bytes per element of each calibrated dtype: a square GEMM of side n packs 3 n^2 of them.
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 def _gemm(name: str, n: int, dtype: str, order: int = 0) -> ExecTask:
@@ -192,6 +201,46 @@ def _weighted_fit(x: list[float], y: list[float]) -> tuple[float, float]:
     return my - b * mx, b
 
 
+def _gemm_fit(sizes: list[int], times: list[float], esize: int) -> tuple[float, float, float | None]:
+    """``(launch µs, peak FLOP/µs, packing bytes/µs or None)`` of ``t = launch + flops / peak +
+    bytes / packing`` over square GEMMs of sides ``sizes`` taking ``times`` µs, least squares with
+    weights 1/t^2 (relative errors, so small and large sizes count alike). Where the three-term
+    fit gives no positive throughput or packing rate (too few sizes, noise), the two-term line
+    ``launch + flops / peak`` of :func:`_weighted_fit` and no packing term."""
+    flops = [2.0 * n**3 for n in sizes]
+    nbytes = [3.0 * n * n * esize for n in sizes]
+    if len(sizes) >= 4:
+        w = [1.0 / max(t, 1e-9) ** 2 for t in times]
+        rows = [(1.0, f, b) for f, b in zip(flops, nbytes)]
+        # Normal equations (A^T W A) x = A^T W t, three unknowns: Gaussian elimination with pivoting.
+        a = [[sum(wi * r[i] * r[j] for wi, r in zip(w, rows)) for j in range(3)] for i in range(3)]
+        rhs = [sum(wi * r[i] * t for wi, r, t in zip(w, rows, times)) for i in range(3)]
+        x = _solve3(a, rhs)
+        # Kept only where packing is a measurable part of some size's time (above 1%): a term
+        # fitted to rounding noise would write an absurd rate into the description.
+        if x is not None and x[1] > 0 and x[2] > 0 and max(x[2] * b / t for b, t in zip(nbytes, times)) > 0.01:
+            return max(0.1, x[0]), 1.0 / x[1], 1.0 / x[2]
+    intercept, slope = _weighted_fit(flops, times)
+    return max(0.1, intercept), 1.0 / max(slope, 1e-12), None
+
+
+def _solve3(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """``x`` with ``a x = b`` for a 3x3 system, columns scaled to unit size first (the unknowns
+    differ by twelve orders of magnitude); None when it is singular."""
+    scale = [max(abs(a[i][j]) for i in range(3)) or 1.0 for j in range(3)]
+    m = [[a[i][j] / scale[j] for j in range(3)] + [b[i]] for i in range(3)]
+    for col in range(3):
+        pivot = max(range(col, 3), key=lambda r: abs(m[r][col]))
+        if abs(m[pivot][col]) < 1e-12 * max(abs(v) for row in m for v in row[:3]):
+            return None
+        m[col], m[pivot] = m[pivot], m[col]
+        for r in range(3):
+            if r != col:
+                f = m[r][col] / m[col][col]
+                m[r] = [v - f * p for v, p in zip(m[r], m[col])]
+    return [m[i][3] / m[i][i] / scale[i] for i in range(3)]
+
+
 def _theil_sen(x: list[float], y: list[float]) -> tuple[float, float]:
     """Robust line ``y = a + b x``: b = median of pairwise slopes, a = median of ``y - b x``."""
     slopes = [(y[j] - y[i]) / (x[j] - x[i]) for i in range(len(x)) for j in range(i + 1, len(x)) if x[j] != x[i]]
@@ -225,12 +274,14 @@ def calibrate(executor: PairExecutor, quick: bool = False, statistic: str = "med
     target_us = 800.0 if quick else 4000.0  # long enough for a stable reading, short enough to stay cheap
     max_n = 384 if quick else 1536
 
-    # Throughput and per-task overhead per dtype: t = launch + flops / peak fitted over
-    # square GEMMs from tiny to a few milliseconds, weighted by 1/t^2 so that small and
-    # large sizes count alike (the executed tasks span that whole range).
+    # Throughput, packing and per-task overhead per dtype: t = launch + flops / peak + bytes /
+    # packing fitted over square GEMMs from tiny to a few milliseconds (the executed tasks span
+    # that whole range; see the module docstring).
     peak: dict[str, float] = {}
+    packing: dict[str, float] = {}
     launch: dict[str, float] = {}
     gemm_n: dict[str, list[int]] = {}
+    gemm_us: dict[str, list[float]] = {}
     for dtype in ("fp32", "bf16", "fp16"):
         sizes, times = [], []
         n = 16
@@ -241,11 +292,20 @@ def calibrate(executor: PairExecutor, quick: bool = False, statistic: str = "med
             if t >= target_us or n >= max_n:
                 break
             n = min(max_n, align_dim(n * 1.6))  # aligned, as every executed GEMM is
-        flops = [2.0 * k**3 for k in sizes]
-        intercept, slope = _weighted_fit(flops, times)
-        peak[dtype] = 1.0 / max(slope, 1e-12) / 1e6  # slope: µs per flop -> TFLOP/s
-        launch[dtype] = max(0.1, intercept)
+        if dtype == "fp32" and not quick:
+            # The executed dtype: every size read in GEMM_ROUNDS sweeps and the sweeps' statistic
+            # taken per size. Single readings of one sweep scattered by 10-25% (a 432^3 GEMM read
+            # slower per FLOP than a 272^3 one), and three terms fitted on them put the peak at
+            # 103 GFLOP/s where the pairs' GEMMs of a few ms ran at 71-84.
+            sweeps = [times] + [[chain_time(_maker(_gemm, k, dtype), repeats) for k in sizes] for _ in range(GEMM_ROUNDS - 1)]
+            combine = min if statistic == "min" else statistics.median
+            times = [combine(col) for col in zip(*sweeps)]
+        launch[dtype], per_us, pack_per_us = _gemm_fit(sizes, times, DTYPE_BYTES[dtype])
+        peak[dtype] = per_us / 1e6  # FLOP per µs -> TFLOP/s
+        if pack_per_us is not None:
+            packing[dtype] = pack_per_us / 1e3  # bytes per µs -> GB/s
         gemm_n[dtype] = sizes
+        gemm_us[dtype] = times
     launch_us = launch["fp32"]
 
     copy_bytes = (8 if quick else 64) << 20
@@ -366,6 +426,7 @@ def calibrate(executor: PairExecutor, quick: bool = False, statistic: str = "med
         "total_sms": executor.threads_per_rank,
         "comm_sms": 0,
         "kernel_launch_us": launch_us,
+        "gemm_packing_gbps": packing,
         # Fixed cost of starting a pair in the executor (thread wake-up, barrier exit skew);
         # the profile pass adds it to the predicted cost of every pair on this device.
         "pair_overhead_us": pair_overhead_us,
@@ -392,6 +453,7 @@ def calibrate(executor: PairExecutor, quick: bool = False, statistic: str = "med
             "statistic": statistic,
             "repeats": repeats,
             "gemm_n": gemm_n,
+            "gemm_us": gemm_us,
             "launch_us": launch,
             "copy_bytes": copy_bytes,
             "a2a_bytes": sent,

@@ -56,7 +56,14 @@ bandwidth), and the comm task itself progresses at
 comm_slowdown_per_memory * u_mem)``: its messages wait for a core at every wake-up. (Executed task by
 task, the tiny model's pairs showed exactly that: their 32-96 kB All-to-Alls took 1.0-4.6x their
 lone time inside a pair while the GEMMs beside them kept their lone speed, where the 16 MB readings
-the other figures come from said the opposite.) At ``b = 1`` the rates are the ones above.
+the other figures come from said the opposite.) Its wait for a processor is not over when
+the compute stream idles: the thread sleeps again on its next message, and once compute resumes it
+waits for a core again, so it stalls whenever compute runs until it has waited
+``(1 - b) * comm_wait_beside_compute_us`` in all (the latency part's share of the slice; the first
+stall, before it ever ran, may take the whole wait). Timed beside one GEMM of 0.3-20 ms, a 32 kB
+All-to-All's median duration was the GEMM's length plus its own up to about a time slice (3-9 ms),
+and beside a chain of 60 µs GEMMs about the chain's length: it does not get a core between the
+chain's tasks. At ``b = 1`` the rates and the wait are the ones above.
 
 A dependency that crosses streams costs ``cross_stream_sync_us`` before the
 waiting task may start (a CUDA stream waiting on an event: a few µs, left at 0
@@ -290,7 +297,9 @@ def retime(tasks: Sequence[ContendedTask], params: ContentionParams) -> RetimedP
                 rate_compute = compute_rates[comp]
                 rate_comm = comm_rates[comp]
         elif comm >= 0:
-            wait[comm] = 0.0  # alone: the comm thread has a core now
+            # Alone: the comm thread has a core now. A latency-bound one keeps what is left of its
+            # wait, up to its latency share of the whole, for when compute resumes.
+            wait[comm] = min(wait[comm], (1.0 - tasks[comm].bandwidth_share) * comm_wait) if latency_bound else 0.0
         if comp >= 0:
             dt = remaining[comp] / rate_compute
             if comm >= 0 and rate_comm > 0:

@@ -4,9 +4,13 @@ A task's isolated duration (µs) is its ``duration_us`` attribute when it has on
 measured figure for the module's target hardware), else the analytic estimate on the target
 hardware (``analytic_duration_us``). ``plan_view.PlanView.duration`` caches it per task.
 
-Compute tasks: ``launch + Σ_parts max(flops / (peak[dtype] · efficiency), bytes / hbm)``, a
+Compute tasks: ``launch + Σ_parts max(flops / (peak[dtype] · efficiency) + packing, bytes / hbm)``, a
 roofline per kernel group of the task — each kernel is bound either by arithmetic or by
-memory traffic. A task has one or two parts:
+memory traffic. ``packing`` is ``bytes / gemm_packing_gbps[dtype]`` for a group with arithmetic
+on hardware that gives that rate (the calibrated CPU: a GEMM there first copies its operands
+into cache-sized panels on the core, which adds to its arithmetic rather than overlapping it;
+with it the fitted line ``launch + flops / peak`` over square GEMMs stops pricing the small and
+skinny GEMMs of the pairs 10-20% short), 0 elsewhere. A task has one or two parts:
 
 - its GEMMs: the task's FLOPs and bytes minus its core share, at ``efficiency[op]`` — for
   grouped expert GEMMs the efficiency the hardware's curve gives for the task's
@@ -69,10 +73,15 @@ def roofline_parts(task: Task, hw: Hardware, parallel: ParallelConfig) -> list[t
     else:
         gemm_eff = hw.efficiency.get(op, DEFAULT_EFFICIENCY)
     gemm_flops, gemm_bytes = max(0, task.flops - core_flops), max(0, task.bytes - core_bytes)
-    parts = [(gemm_flops / (peak * gemm_eff), gemm_bytes / (hw.hbm_gbps * 1e9))]
+    groups = [(gemm_flops, gemm_eff, gemm_bytes)]
     if core_flops or core_bytes:
-        core_eff = hw.core_efficiency.get(op, hw.efficiency.get(op, DEFAULT_EFFICIENCY))
-        parts.append((core_flops / (peak * core_eff), core_bytes / (hw.hbm_gbps * 1e9)))
+        groups.append((core_flops, hw.core_efficiency.get(op, hw.efficiency.get(op, DEFAULT_EFFICIENCY)), core_bytes))
+    parts = []
+    for flops, eff, nbytes in groups:
+        arithmetic = flops / (peak * eff)
+        if flops > 0:  # a CPU GEMM packs its operands on the core first (0 s where the hardware gives no rate)
+            arithmetic += hw.packing_seconds(nbytes, parallel.dtype)
+        parts.append((arithmetic, nbytes / (hw.hbm_gbps * 1e9)))
     return parts
 
 

@@ -17,6 +17,10 @@ A description is a JSON file (``passes/costs/hardware_specs/<name>.json`` for th
   efficiency as a function of the rows each local expert receives (points
   ``rows_per_expert`` → ``efficiency``, interpolated in log2 of the rows, held flat beyond the
   last point and falling in proportion to the rows below the first);
+- ``gemm_packing_gbps`` per dtype (optional; the CPU calibration measures it, GPU files have
+  none): a CPU GEMM copies its operands into cache-sized panels before computing on them, a
+  phase that runs on the core beside none of the arithmetic, so a kernel with arithmetic adds
+  its bytes at this rate to its arithmetic time (``durations.roofline_parts``);
 - ``total_sms``, ``comm_sms`` and an optional ``contention`` block
   (``passes/costs/contention.py``); ``description``, ``source`` and ``sources`` (where each
   figure comes from). Other fields are kept in ``Hardware.extra``.
@@ -71,6 +75,8 @@ class Hardware:
     core_efficiency: dict[str, float] = field(default_factory=dict)
     # (rows per local expert, efficiency), rows increasing; empty: efficiency["expert_gemm"]
     expert_gemm_curve: tuple[tuple[float, float], ...] = ()
+    # GB/s at which a GEMM packs its operands, per dtype; empty: packing overlaps the arithmetic
+    gemm_packing_gbps: dict[str, float] = field(default_factory=dict)
     all_to_all: AllToAll = AllToAll()
     description: str = ""
     source: str = ""
@@ -86,6 +92,12 @@ class Hardware:
         if dtype not in self.peak_tflops:
             raise HardwareError(f"hardware '{self.name}' gives no peak throughput for dtype '{dtype}'")
         return self.peak_tflops[dtype] * 1e12
+
+    def packing_seconds(self, nbytes: float, dtype: str) -> float:
+        """Seconds a GEMM of ``dtype`` spends packing ``nbytes`` of operands before its arithmetic
+        (0 where the description gives no packing rate: the traffic overlaps the arithmetic)."""
+        rate = self.gemm_packing_gbps.get(dtype)
+        return nbytes / (rate * 1e9) if rate else 0.0
 
     def expert_efficiency(self, rows: float) -> float:
         """Efficiency of a grouped expert GEMM whose local experts receive ``rows`` rows each."""
@@ -144,7 +156,9 @@ _REQUIRED = [
     "name", "peak_tflops", "hbm_gbps", "memory_gib", "gpus_per_node", "nvlink_gbps", "nic_gbps",
     "a2a_latency_us", "total_sms", "comm_sms", "kernel_launch_us", "efficiency",
 ]
-_OPTIONAL = ("description", "source", "core_efficiency", "expert_gemm_efficiency", "all_to_all")
+_OPTIONAL = (
+    "description", "source", "core_efficiency", "expert_gemm_efficiency", "all_to_all", "gemm_packing_gbps",
+)
 
 
 def shipped_hardware() -> list[str]:
@@ -233,6 +247,7 @@ def load_hardware(name_or_file: str | Path) -> Hardware:
         **known,
         core_efficiency=_number_map(data.get("core_efficiency", {}), path, "core_efficiency"),
         expert_gemm_curve=_curve(data.get("expert_gemm_efficiency"), path),
+        gemm_packing_gbps=_number_map(data.get("gemm_packing_gbps", {}), path, "gemm_packing_gbps", "dtypes"),
         all_to_all=_all_to_all(data.get("all_to_all", {}), path),
         description=data.get("description", ""),
         source=data.get("source", ""),
@@ -240,11 +255,11 @@ def load_hardware(name_or_file: str | Path) -> Hardware:
     )
 
 
-def _number_map(value: object, path: Path, key: str) -> dict[str, float]:
+def _number_map(value: object, path: Path, key: str, what: str = "task ops") -> dict[str, float]:
     if not isinstance(value, dict) or not all(
         isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for k, v in value.items() if k != "source"
     ):
-        raise HardwareError(f"{path}: '{key}' must map task ops to positive numbers")
+        raise HardwareError(f"{path}: '{key}' must map {what} to positive numbers")
     return {k: float(v) for k, v in value.items() if k != "source"}
 
 

@@ -14,6 +14,7 @@ from passes.costs.calibrate_cpu import (
     _AtReferenceSpeed,
     _chain_time,
     _copy,
+    _gemm_fit,
     _maker,
     calibrate,
     reference_tasks,
@@ -43,14 +44,17 @@ class TwoSpeedExecutor:
     threads_per_rank = 1
     description = "cpu:fake:world=2:threads=1:gloo"
 
+    def own_us(self, task: ExecTask, gflops: float) -> float:
+        return _own_us(task, gflops)
+
     def measure(self, tasks, repeats=5, warmup=1, reference=None, reference_runs=1):  # noqa: ANN001, ANN201
         tasks = list(tasks)
-        fast = {t.name: _own_us(t, FAST_GFLOPS) for t in tasks}
-        slow = {t.name: _own_us(t, SLOW_GFLOPS) for t in tasks}
+        fast = {t.name: self.own_us(t, FAST_GFLOPS) for t in tasks}
+        slow = {t.name: self.own_us(t, SLOW_GFLOPS) for t in tasks}
         wall = sum(slow.values())
         return PairMeasurement(
             (wall,) * repeats, task_us=fast, task_min_us=fast, task_mean_us=fast, task_end_mean_us=slow,
-            reference_us=(sum(_own_us(t, SLOW_GFLOPS) for t in reference),) * (repeats + 1) if reference else (),
+            reference_us=(sum(self.own_us(t, SLOW_GFLOPS) for t in reference),) * (repeats + 1) if reference else (),
             task_slowest_us=slow, task_slowest_min_us=slow,
         )
 
@@ -63,6 +67,8 @@ def test_gemm_figures_follow_the_slowest_rank(statistic: str) -> None:
     # faster one's (which pooling the ranks' durations would read).
     assert peak_gflops == pytest.approx(SLOW_GFLOPS, rel=0.02)
     assert data["kernel_launch_us"] == pytest.approx(LAUNCH_US, rel=0.05)
+    # Its GEMMs take launch + flops / peak exactly: no packing term is fitted.
+    assert "fp32" not in data["gemm_packing_gbps"]  # type: ignore[operator]
     # The executor's fixed cost per pair: the chain's wall time over its tasks' (slowest-rank) times.
     assert data["pair_overhead_us"] == pytest.approx(0.0, abs=1e-6)
     # Every All-to-All size read on its own (the slowest rank's duration) on the line it lies on.
@@ -117,3 +123,29 @@ def test_throughput_is_read_in_pair_length_chains() -> None:
     assert per_task == pytest.approx(1.5 * alone)
     # A short window reads the lone task's time.
     assert _chain_time(at_reference, task, 3, "min", window_us=2_000.0) == pytest.approx(alone)
+
+
+class PackingExecutor(TwoSpeedExecutor):
+    """GEMMs that also pack their operands and result (3 n^2 elements of a square) at 4 GB/s on
+    top of launch + flops / peak, as CPU GEMMs do, on both ranks alike (the reference's GEMM too)."""
+
+    def own_us(self, task: ExecTask, gflops: float) -> float:
+        return _own_us(task, gflops) + (executed_work(task)[1] / 4e3 if task.shapes else 0.0)
+
+
+def test_gemm_operand_packing_is_fitted_beside_peak_and_launch() -> None:
+    data = calibrate(PackingExecutor(), quick=True, statistic="min")  # type: ignore[arg-type]
+    assert data["gemm_packing_gbps"]["fp32"] == pytest.approx(4.0, rel=0.02)  # type: ignore[index]
+    assert data["peak_tflops"]["fp32"] * 1e3 == pytest.approx(SLOW_GFLOPS, rel=0.02)  # type: ignore[index]
+    assert data["kernel_launch_us"] == pytest.approx(LAUNCH_US, rel=0.05)
+    # Each size's times are kept beside its sides, so the fit can be checked against them.
+    calibration = data["calibration"]
+    assert len(calibration["gemm_us"]["fp32"]) == len(calibration["gemm_n"]["fp32"])  # type: ignore[index]
+
+
+def test_the_gemm_fit_falls_back_to_a_line_without_a_packing_term() -> None:
+    sizes = [16, 24, 40, 64, 104, 168, 272]
+    launch, per_us, packing = _gemm_fit(sizes, [8.0 + 2 * n**3 / 90e3 for n in sizes], 4)
+    assert (launch, per_us, packing) == (pytest.approx(8.0), pytest.approx(90e3), None)
+    # Too few sizes for three terms: the line.
+    assert _gemm_fit(sizes[:3], [8.0 + 2 * n**3 / 90e3 + 12 * n * n / 5e3 for n in sizes[:3]], 4)[2] is None

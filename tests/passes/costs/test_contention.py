@@ -227,3 +227,29 @@ def test_a_latency_bound_comm_task_takes_its_bandwidth_share_and_stretches_its_l
     regime = retime([compute("gemm", 1000.0, 0), full], params)
     plain = retime([compute("gemm", 1000.0, 0), full], ContentionParams(0.5, 0.0, 0.2, 0.0))
     assert regime.finish == pytest.approx(plain.finish)
+
+
+def test_a_latency_bound_comm_task_waits_for_a_core_again_whenever_compute_resumes():
+    # On CPU a latency-bound transfer's thread sleeps on each message: started while the compute
+    # stream idles, it still stalls once compute resumes, until it has waited its latency share of
+    # the wait in all. Here the All-to-All runs alone for 10 µs (the GEMM waits on a hand-off), then
+    # beside a 100 µs GEMM.
+    def run(share: float, latency_bound: bool = True) -> float:
+        params = ContentionParams(
+            0.0, 0.0, 0.0, 0.0, cross_stream_sync_us=10.0, comm_wait_beside_compute_us=50.0,
+            latency_bound_comm=latency_bound,
+        )
+        tasks = [
+            comm("t", 0.0, 0),
+            ContendedTask("a2a", "comm", 40.0, 1, (), 0.0, 0.0, bandwidth_share=share),
+            compute("gemm", 100.0, 0, ("t",)),
+        ]
+        r = retime(tasks, params)
+        assert r.start["a2a"] == 0.0 and r.start["gemm"] == pytest.approx(10.0)
+        assert r.finish["gemm"] == pytest.approx(110.0)  # a stalled comm task takes nothing from it
+        return r.finish["a2a"]
+
+    assert run(0.0, latency_bound=False) == pytest.approx(40.0)  # GPU-style: a core once, kept
+    assert run(0.0) == pytest.approx(10.0 + 50.0 + 30.0)  # stalls the whole wait, then the rest
+    assert run(0.5) == pytest.approx(10.0 + 25.0 + 30.0)  # half of it latency: half the wait
+    assert run(1.0) == pytest.approx(40.0)  # bandwidth-bound: priced as without the regime

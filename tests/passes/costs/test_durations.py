@@ -100,6 +100,26 @@ def test_expert_gemm_efficiency_follows_the_rows_per_expert():
     assert analytic_duration_us(small, H100, p) > 1.5 * analytic_duration_us(large, H100, p)
 
 
+def test_a_cpu_gemm_adds_its_operand_packing_to_its_arithmetic(tmp_path):
+    data = json.loads((HARDWARE_DIR / "h100.json").read_text())
+    data.update(name="packing", peak_tflops={"fp32": 0.1, "bf16": 0.1}, hbm_gbps=20.0, kernel_launch_us=5.0,
+                efficiency={"attention": 1.0}, gemm_packing_gbps={"fp32": 8.0})
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps(data))
+    cpu = load_hardware(path)
+    p = ParallelConfig(dtype="fp32")
+    gemm = compute_task(TaskOp.ATTENTION, 2 * 10**8, 4 * 10**6)
+    # 2 ms of arithmetic, then 0.5 ms packing 4 MB at 8 GB/s: added, not overlapped.
+    assert analytic_duration_us(gemm, cpu, p) == pytest.approx(5 + 2000 + 500)
+    assert task_utilisation(gemm, cpu, p) == pytest.approx((1.0, 200 / 2500))
+    # A kernel with no arithmetic (a copy) moves its bytes at the memory bandwidth only.
+    copy = compute_task(TaskOp.ATTENTION, 0, 4 * 10**6)
+    assert analytic_duration_us(copy, cpu, p) == pytest.approx(5 + 200)
+    # No rate for the dtype (and none in the GPU files): the plain roofline.
+    assert analytic_duration_us(gemm, cpu, ParallelConfig(dtype="bf16")) == pytest.approx(5 + 2000)
+    assert H100.gemm_packing_gbps == {}
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -107,6 +127,7 @@ def test_expert_gemm_efficiency_follows_the_rows_per_expert():
         ({"all_to_all": {"dedup_per_node": "yes"}}, "dedup_per_node must be true or false"),
         ({"expert_gemm_efficiency": {"rows_per_expert": [256, 128], "efficiency": [0.4, 0.5]}}, "strictly increasing"),
         ({"core_efficiency": {"attention": -1}}, "positive numbers"),
+        ({"gemm_packing_gbps": {"fp32": 0}}, "'gemm_packing_gbps' must map dtypes to positive numbers"),
     ],
 )
 def test_malformed_descriptions_are_refused(tmp_path, change, message):
