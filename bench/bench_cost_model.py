@@ -323,7 +323,8 @@ def main() -> int:
     cont = hw.extra.get("contention", {})
     assert isinstance(cont, dict)
     print(
-        f"calibrated: fp32 {hw.peak_tflops['fp32'] * 1e3:.0f} GFLOP/s, task overhead {hw.kernel_launch_us:.0f} µs, "
+        f"calibrated: fp32 {hw.peak_tflops['fp32'] * 1e3:.0f} GFLOP/s, GEMM operand packing "
+        f"{hw.gemm_packing_gbps.get('fp32', 0.0):.1f} GB/s, task overhead {hw.kernel_launch_us:.0f} µs, "
         f"copy {hw.hbm_gbps:.1f} GB/s, a2a {hw.a2a_latency_us:.0f} µs + {hw.a2a_gbps(2):.2f} GB/s, "
         f"pair overhead {hw.extra.get('pair_overhead_us', 0.0):.0f} µs; contention: "
         + ", ".join(f"{k} {v:.3g}" for k, v in cont.items() if not isinstance(v, bool)),

@@ -42,8 +42,11 @@ def _calibrate(args: argparse.Namespace, run: Run) -> int:
     hw = cpu_hardware(args.cache_dir, refresh=args.refresh, quick=args.quick, statistic=args.statistic, announce=announce)
     state = "calibrated" if measured else "already calibrated (--refresh measures again)"
     print(f"{state}: {path}")
+    packing = hw.gemm_packing_gbps.get("fp32")
     print(
-        f"  {hw.description}\n  fp32 {hw.peak_tflops['fp32'] * 1e3:.0f} GFLOP/s, memory {hw.hbm_gbps:.1f} GB/s, "
+        f"  {hw.description}\n  fp32 {hw.peak_tflops['fp32'] * 1e3:.0f} GFLOP/s"
+        + (f" (operands packed at {packing:.1f} GB/s)" if packing else "")
+        + f", memory {hw.hbm_gbps:.1f} GB/s, "
         f"All-to-All {hw.a2a_gbps(hw.gpus_per_node):.2f} GB/s + {hw.a2a_latency_us:.0f} us, task overhead {hw.kernel_launch_us:.0f} us"
     )
     return 0
