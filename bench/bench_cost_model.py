@@ -53,7 +53,7 @@ import time
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from runtime.pair_executor import ExecTask as ExecTaskType
@@ -339,23 +339,27 @@ def main() -> int:
     task_rows: list[dict] = []
     pair_tasks: list[dict] = []
     first_touch: dict[str, float] | None = None
+    captured: list[tuple[str, Any, list[tuple[str, PlanOpType]], list[dict[str, dict]]]] = []
     for source, spec, overrides in sources:
         module = frontend.capture(str(ROOT / spec) if spec.endswith(".py") else spec, overrides=overrides)
-        pairs = add_pairs(module, f"pair.{source}")
-        # Several rounds, each in its own cache (sharing the one calibration), so every
-        # pair is executed again; a burst of other work on the machine then only spoils
-        # one round's reading.
-        per_round: list[dict[str, dict]] = []
-        for round_no in range(args.rounds):
-            round_dir = Path(cache_dir) / f"round{round_no}"
-            if not (round_dir / "hardware").is_dir():
-                shutil.copytree(Path(cache_dir) / "hardware", round_dir / "hardware")
-            pipeline = (
-                f"profile{{mode=measured repeats={repeats} target-ms={args.target_ms} cache-dir={round_dir} "
-                f"statistic={args.statistic}}}"
-            )
+        captured.append((source, module, add_pairs(module, f"pair.{source}"), []))
+    # Several rounds, each in its own cache (sharing the one calibration), so every pair is executed
+    # again; a burst of other work on the machine then only spoils one round's reading. The rounds
+    # alternate between the sources, so one source's rounds lie minutes apart: run one after the
+    # other, all of them could fall in the same slow minute (one run read every pair of both models
+    # 7-30% over its prediction).
+    for round_no in range(args.rounds):
+        round_dir = Path(cache_dir) / f"round{round_no}"
+        if not (round_dir / "hardware").is_dir():
+            shutil.copytree(Path(cache_dir) / "hardware", round_dir / "hardware")
+        pipeline = (
+            f"profile{{mode=measured repeats={repeats} target-ms={args.target_ms} cache-dir={round_dir} "
+            f"statistic={args.statistic}}}"
+        )
+        for _, module, pairs, per_round in captured:
             PassManager(parse_pipeline(pipeline)).run(module)
             per_round.append({op.name: dict(op.attrs) for _, op in pairs})
+    for source, module, pairs, per_round in captured:
         hybrid: dict[str, float] = {}
         if not args.no_tasks:
             from runtime.pair_executor import PairExecutor

@@ -17,7 +17,8 @@ slowest rank's.
   times say beyond ``launch + flops / peak``: without it the fitted line priced the pairs'
   small and skinny GEMMs (a few to a few tens of MFLOP, or 3328x160x160) 10-30% short, a
   throughput that depends on FLOPs alone priced the skinny ones worse, and the squares
-  themselves run at 50-55 GFLOP/s near 2 MFLOP, 65-75 near 13 and 85-97 from 40 MFLOP up. This
+  themselves run at 50-55 GFLOP/s near 2 MFLOP, 65-75 near 13 and 85-97 from 40 MFLOP up (a
+  quick calibration fits the line only, and the fp32 sizes are read in ``GEMM_ROUNDS`` sweeps). This
   and the copy below time each size as a pair-length chain of distinct copies of the task
   (``CHAIN_WINDOW_US``), not one task on its own;
 - memory bandwidth from a large tensor copy (bytes read + written per second)
@@ -201,15 +202,17 @@ def _weighted_fit(x: list[float], y: list[float]) -> tuple[float, float]:
     return my - b * mx, b
 
 
-def _gemm_fit(sizes: list[int], times: list[float], esize: int) -> tuple[float, float, float | None]:
+def _gemm_fit(
+    sizes: list[int], times: list[float], esize: int, packing: bool = True,
+) -> tuple[float, float, float | None]:
     """``(launch µs, peak FLOP/µs, packing bytes/µs or None)`` of ``t = launch + flops / peak +
     bytes / packing`` over square GEMMs of sides ``sizes`` taking ``times`` µs, least squares with
-    weights 1/t^2 (relative errors, so small and large sizes count alike). Where the three-term
-    fit gives no positive throughput or packing rate (too few sizes, noise), the two-term line
-    ``launch + flops / peak`` of :func:`_weighted_fit` and no packing term."""
+    weights 1/t^2 (relative errors, so small and large sizes count alike). Without ``packing``, or
+    where the three-term fit gives no positive throughput or packing rate (too few sizes, noise),
+    the two-term line ``launch + flops / peak`` of :func:`_weighted_fit` and no packing term."""
     flops = [2.0 * n**3 for n in sizes]
     nbytes = [3.0 * n * n * esize for n in sizes]
-    if len(sizes) >= 4:
+    if packing and len(sizes) >= 4:
         w = [1.0 / max(t, 1e-9) ** 2 for t in times]
         rows = [(1.0, f, b) for f, b in zip(flops, nbytes)]
         # Normal equations (A^T W A) x = A^T W t, three unknowns: Gaussian elimination with pivoting.
@@ -300,7 +303,9 @@ def calibrate(executor: PairExecutor, quick: bool = False, statistic: str = "med
             sweeps = [times] + [[chain_time(_maker(_gemm, k, dtype), repeats) for k in sizes] for _ in range(GEMM_ROUNDS - 1)]
             combine = min if statistic == "min" else statistics.median
             times = [combine(col) for col in zip(*sweeps)]
-        launch[dtype], per_us, pack_per_us = _gemm_fit(sizes, times, DTYPE_BYTES[dtype])
+        # A quick calibration's few, short readings fit the line only: three terms on them put the
+        # peak at twice what one core does.
+        launch[dtype], per_us, pack_per_us = _gemm_fit(sizes, times, DTYPE_BYTES[dtype], packing=not quick)
         peak[dtype] = per_us / 1e6  # FLOP per µs -> TFLOP/s
         if pack_per_us is not None:
             packing[dtype] = pack_per_us / 1e3  # bytes per µs -> GB/s

@@ -134,13 +134,16 @@ class PackingExecutor(TwoSpeedExecutor):
 
 
 def test_gemm_operand_packing_is_fitted_beside_peak_and_launch() -> None:
-    data = calibrate(PackingExecutor(), quick=True, statistic="min")  # type: ignore[arg-type]
+    data = calibrate(PackingExecutor(), statistic="min")  # type: ignore[arg-type]
     assert data["gemm_packing_gbps"]["fp32"] == pytest.approx(4.0, rel=0.02)  # type: ignore[index]
     assert data["peak_tflops"]["fp32"] * 1e3 == pytest.approx(SLOW_GFLOPS, rel=0.02)  # type: ignore[index]
     assert data["kernel_launch_us"] == pytest.approx(LAUNCH_US, rel=0.05)
     # Each size's times are kept beside its sides, so the fit can be checked against them.
     calibration = data["calibration"]
     assert len(calibration["gemm_us"]["fp32"]) == len(calibration["gemm_n"]["fp32"])  # type: ignore[index]
+    # A quick calibration (a smoke run: few, short readings) fits the line only.
+    quick = calibrate(PackingExecutor(), quick=True, statistic="min")  # type: ignore[arg-type]
+    assert quick["gemm_packing_gbps"] == {}
 
 
 def test_the_gemm_fit_falls_back_to_a_line_without_a_packing_term() -> None:
