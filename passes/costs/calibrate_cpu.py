@@ -65,6 +65,8 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
+
 from passes.costs.calibration_cache import STATISTICS, WORLD_SIZE, calibration_path
 from passes.costs.execution import MAX_REFERENCE_RUNS, align_dim
 from passes.costs.hardware import Hardware, load_hardware
@@ -213,35 +215,17 @@ def _gemm_fit(
     flops = [2.0 * n**3 for n in sizes]
     nbytes = [3.0 * n * n * esize for n in sizes]
     if packing and len(sizes) >= 4:
-        w = [1.0 / max(t, 1e-9) ** 2 for t in times]
-        rows = [(1.0, f, b) for f, b in zip(flops, nbytes)]
-        # Normal equations (A^T W A) x = A^T W t, three unknowns: Gaussian elimination with pivoting.
-        a = [[sum(wi * r[i] * r[j] for wi, r in zip(w, rows)) for j in range(3)] for i in range(3)]
-        rhs = [sum(wi * r[i] * t for wi, r, t in zip(w, rows, times)) for i in range(3)]
-        x = _solve3(a, rhs)
+        # Weights 1/t^2 on the squared residuals: each row divided by its time. Columns scaled to
+        # unit size first (the unknowns differ by twelve orders of magnitude).
+        design = np.array([[1.0, f, b] for f, b in zip(flops, nbytes)]) / np.array(times)[:, None]
+        scale = np.abs(design).max(axis=0)
+        x = np.linalg.lstsq(design / scale, np.ones(len(times)), rcond=None)[0] / scale
         # Kept only where packing is a measurable part of some size's time (above 1%): a term
         # fitted to rounding noise would write an absurd rate into the description.
-        if x is not None and x[1] > 0 and x[2] > 0 and max(x[2] * b / t for b, t in zip(nbytes, times)) > 0.01:
-            return max(0.1, x[0]), 1.0 / x[1], 1.0 / x[2]
+        if x[1] > 0 and x[2] > 0 and max(x[2] * b / t for b, t in zip(nbytes, times)) > 0.01:
+            return max(0.1, float(x[0])), 1.0 / float(x[1]), 1.0 / float(x[2])
     intercept, slope = _weighted_fit(flops, times)
     return max(0.1, intercept), 1.0 / max(slope, 1e-12), None
-
-
-def _solve3(a: list[list[float]], b: list[float]) -> list[float] | None:
-    """``x`` with ``a x = b`` for a 3x3 system, columns scaled to unit size first (the unknowns
-    differ by twelve orders of magnitude); None when it is singular."""
-    scale = [max(abs(a[i][j]) for i in range(3)) or 1.0 for j in range(3)]
-    m = [[a[i][j] / scale[j] for j in range(3)] + [b[i]] for i in range(3)]
-    for col in range(3):
-        pivot = max(range(col, 3), key=lambda r: abs(m[r][col]))
-        if abs(m[pivot][col]) < 1e-12 * max(abs(v) for row in m for v in row[:3]):
-            return None
-        m[col], m[pivot] = m[pivot], m[col]
-        for r in range(3):
-            if r != col:
-                f = m[r][col] / m[col][col]
-                m[r] = [v - f * p for v, p in zip(m[r], m[col])]
-    return [m[i][3] / m[i][i] / scale[i] for i in range(3)]
 
 
 def _theil_sen(x: list[float], y: list[float]) -> tuple[float, float]:
@@ -297,9 +281,9 @@ def calibrate(executor: PairExecutor, quick: bool = False, statistic: str = "med
             n = min(max_n, align_dim(n * 1.6))  # aligned, as every executed GEMM is
         if dtype == "fp32" and not quick:
             # The executed dtype: every size read in GEMM_ROUNDS sweeps and the sweeps' statistic
-            # taken per size. Single readings of one sweep scattered by 10-25% (a 432^3 GEMM read
-            # slower per FLOP than a 272^3 one), and three terms fitted on them put the peak at
-            # 103 GFLOP/s where the pairs' GEMMs of a few ms ran at 71-84.
+            # taken per size. One sweep read a 432^3 GEMM slower per FLOP than a 272^3 one, and
+            # three terms fitted on it put the peak at 103 GFLOP/s where the pairs' GEMMs of a few
+            # ms ran at 71-84.
             sweeps = [times] + [[chain_time(_maker(_gemm, k, dtype), repeats) for k in sizes] for _ in range(GEMM_ROUNDS - 1)]
             combine = min if statistic == "min" else statistics.median
             times = [combine(col) for col in zip(*sweeps)]

@@ -233,6 +233,9 @@ def retime(tasks: Sequence[ContendedTask], params: ContentionParams) -> RetimedP
     comm_rates = [comm_rate(t, params) if stream_of[i] == 0 else 1.0 for i, t in enumerate(tasks)]
     comm_wait = params.comm_wait_beside_compute_us
     latency_bound = params.latency_bound_comm
+    # What a comm task keeps of its wait once it has a core (compute idle): nothing, or for a
+    # latency-bound one up to its latency share of the whole (see the module docstring).
+    wait_kept = [(1.0 - t.bandwidth_share) * comm_wait if latency_bound else 0.0 for t in tasks]
     pos = [0, 0]
     running = [-1, -1]
     remaining = [0.0] * n
@@ -297,9 +300,7 @@ def retime(tasks: Sequence[ContendedTask], params: ContentionParams) -> RetimedP
                 rate_compute = compute_rates[comp]
                 rate_comm = comm_rates[comp]
         elif comm >= 0:
-            # Alone: the comm thread has a core now. A latency-bound one keeps what is left of its
-            # wait, up to its latency share of the whole, for when compute resumes.
-            wait[comm] = min(wait[comm], (1.0 - tasks[comm].bandwidth_share) * comm_wait) if latency_bound else 0.0
+            wait[comm] = min(wait[comm], wait_kept[comm])  # alone: the comm thread has a core now
         if comp >= 0:
             dt = remaining[comp] / rate_compute
             if comm >= 0 and rate_comm > 0:
