@@ -13,7 +13,7 @@ this one structure, so comparisons are made on identical DAGs.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from tessera_ir.errors import TesseraError
 from tessera_ir.kinds import Phase, Resource
@@ -178,7 +178,17 @@ def join_sides(fwd: Sequence[PairTask], bwd: Sequence[PairTask], name: str = "pa
     """The pair DAG of two sides made by :func:`side_tasks`: forward tasks first, then the
     backward ones with their ``deps`` shifted past the forward tasks."""
     off = len(fwd)
-    shifted = [replace(t, deps=tuple(d + off for d in t.deps)) if off and t.deps else t for t in bwd]
+    if not off:
+        return PairDAG(name, list(fwd) + list(bwd))
+    # Built field by field rather than by ``dataclasses.replace`` (8.4 against 4.8 µs per task on
+    # this project's 2-core machine; 57,000 tasks in a cold compile of make demo's model). The
+    # test of join_sides compares every field, so a new PairTask field cannot be dropped here.
+    shifted = [
+        PairTask(t.name, t.kind, t.resource, t.duration, tuple(d + off for d in t.deps), t.side, t.layer, t.movable, t.deadline)
+        if t.deps
+        else t
+        for t in bwd
+    ]
     return PairDAG(name, list(fwd) + shifted)
 
 
