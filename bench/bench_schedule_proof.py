@@ -6,11 +6,14 @@ one run and interleaved so that machine load hits both alike:
 
 - ``script``: writing the SMT-LIB2 text in Python (:func:`passes.scheduling.check.proof_script`);
 - ``before``: ``z3.Solver`` with every assertion named for unsat cores (what every proof did);
-- ``after``: ``z3.SimpleSolver`` with plain assertions (what a valid schedule costs now; a
+- ``after``: ``z3.SimpleSolver`` with plain assertions (what a valid schedule costs alone; a
   failing one is decided again with named assertions to find the core);
 
-each split into parsing (``from_string``) and deciding (``check``). Prints milliseconds per
-DAG and the ratios. Both must answer sat on every schedule.
+each split into parsing (``from_string``) and deciding (``check``). Then, batch by batch
+(``passes.scheduling.batch.PROOF_BATCH`` schedules, the background proofs' unit), the lone
+proofs of a batch (script included) against ``prove_all`` deciding the batch as one problem,
+in alternating order. Prints milliseconds per DAG and the ratios. Every way must answer sat
+on every schedule.
 
     .venv/bin/python bench/bench_schedule_proof.py                       # make demo's model
     .venv/bin/python bench/bench_schedule_proof.py --source frontend/workloads/qwen3_next_1t_synthetic.json
@@ -33,7 +36,8 @@ sys.path[:0] = [str(ROOT)]
 import z3  # noqa: E402
 
 from passes.plan_view import PlanView  # noqa: E402
-from passes.scheduling.check import entries_of, proof_script  # noqa: E402
+from passes.scheduling.batch import PROOF_BATCH  # noqa: E402
+from passes.scheduling.check import entries_of, proof_script, prove_all  # noqa: E402
 from passes.scheduling.gap_fit import gap_fit  # noqa: E402
 from passes.scheduling.pair_dag import PairDAG  # noqa: E402
 from tessera.api import capture, run_passes  # noqa: E402
@@ -96,6 +100,27 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'after (SimpleSolver)':24s}{ms['script']:9.2f}{ms['after parse']:9.2f}{ms['after check']:9.2f}{after:9.2f}")
     print(f"after/before: parse {ms['after parse'] / ms['before parse']:.3f}, check {ms['after check'] / ms['before check']:.3f}, "
           f"whole proof {after / before:.3f}; every schedule proven by both: {'yes' if all_sat else 'NO'}")
+
+    def lone(batch: list) -> bool:
+        ok = True
+        for sched in batch:
+            entries = entries_of(sched)
+            plain = proof_script(sched.dag, dict(enumerate(entries)), [1] * len(entries)).plain()
+            ok = decide(z3.SimpleSolver, plain, named=False)[2] and ok
+        return ok
+
+    spent = {"lone": 0.0, "batched": 0.0}
+    for i, start in enumerate(range(0, len(schedules), PROOF_BATCH)):
+        batch = schedules[start:start + PROOF_BATCH]
+        ways = [("lone", lone), ("batched", prove_all)]
+        for name, prove in ways if i % 2 == 0 else ways[::-1]:
+            t0 = time.perf_counter()
+            all_sat = prove(batch) and all_sat
+            spent[name] += time.perf_counter() - t0
+    lone_ms, batched_ms = (1e3 * spent[k] / len(schedules) for k in ("lone", "batched"))
+    print(f"ms per DAG, script included: lone (SimpleSolver) {lone_ms:.2f}, {PROOF_BATCH} at a time as one problem "
+          f"(prove_all) {batched_ms:.2f}; batched/lone {batched_ms / lone_ms:.3f}; every schedule proven: "
+          f"{'yes' if all_sat else 'NO'}")
     return 0 if all_sat else 1
 
 

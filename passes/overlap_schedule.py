@@ -38,7 +38,10 @@ check (:func:`passes.scheduling.check.check_schedule`, the conditions of
 ``tessera_ir.schedule_rules``); z3 proves them independently for each distinct DAG the first
 time it is scheduled (``new``, default: the proof is recorded in the cache entry), for a sample
 chosen by the DAG's key (``sample``), or for every schedule on every run (``true``); ``false``
-checks nothing. When the DAGs are spread over worker processes, the proofs of the new schedules
+checks nothing. z3 decides the proofs a batch of schedules at a time, as one problem
+(:func:`passes.scheduling.check.prove_all`: the same answer for each schedule, at less cost); a
+batch it does not prove is proven schedule by schedule, to name the one that fails and why.
+When the DAGs are spread over worker processes, the proofs of the new schedules
 run in one more process beside the passes after this one (``prove-beside``, default; the pass
 manager waits for them after the last pass and a schedule z3 refutes fails the pipeline then,
 with the same error), since those passes leave a core idle; the IR is the same either way. A schedule that fails stops the pass with a
@@ -66,9 +69,15 @@ from typing import Literal
 
 from passes.manager import ModulePass, PassError, finish_later, note_time, option
 from passes.plan_view import PlanView
-from passes.scheduling.batch import BackgroundProofs, proofs_can_run_in_background, schedule_all, worker_count
+from passes.scheduling.batch import (
+    PROOF_BATCH,
+    BackgroundProofs,
+    proofs_can_run_in_background,
+    schedule_all,
+    worker_count,
+)
 from passes.scheduling.cache import ScheduleCache, sampled, schedule_key
-from passes.scheduling.check import ScheduleEntry, ScheduleError, check_schedule, entries_of
+from passes.scheduling.check import ScheduleEntry, ScheduleError, check_schedule, entries_of, prove_all
 from passes.scheduling.exact import ExactSolver
 from passes.scheduling.gap_fit import SCHEDULER_VERSION
 from passes.scheduling.methods import Method, schedule_dag
@@ -247,11 +256,12 @@ class OverlapSchedulePass(ModulePass):
             return schedules  # the caller raises the error of the pair that could not be built
         check_s = prove_s = 0.0
         later: list[int] = []  # new schedules whose z3 proof runs in the background
+        now: list[int] = []  # schedules whose z3 proof runs here, after every exact check
         for k in range(len(schedules)) if self.verify is not False else ():
             where = f"pair_schedule @sched.{k}"
             prove = wants_proof(k) and not proven[k]
-            if prove and background and found[k] is None:
-                later.append(k)
+            if prove and found[k] is None:
+                (later if background else now).append(k)
                 prove = False
             t1 = time.perf_counter()
             try:
@@ -271,6 +281,17 @@ class OverlapSchedulePass(ModulePass):
             else:
                 check_s += time.perf_counter() - t1
         note_time("exact check", check_s)
+        # A batch at a time as one z3 problem; a batch that fails is proven schedule by schedule,
+        # which raises at the first schedule z3 refutes, with the constraint it found violated.
+        t1 = time.perf_counter()
+        for i in range(0, len(now), PROOF_BATCH):
+            batch = now[i:i + PROOF_BATCH]
+            if not prove_all([schedules[k] for k in batch]):
+                for k in batch:
+                    check_schedule(dags[k], entries_of(schedules[k]), f"pair_schedule @sched.{k}", prove=True)
+            for k in batch:
+                proven[k] = True
+        prove_s += time.perf_counter() - t1 if now else 0.0
         if prove_s:
             note_time("z3 proof", prove_s)
 

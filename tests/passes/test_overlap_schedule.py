@@ -500,8 +500,9 @@ def test_proofs_left_running_are_waited_for_after_the_last_pass(monkeypatch: pyt
     OverlapSchedulePass(jobs=1, cache=False).apply(planned)
     refuted = planned.plan_ops("pair_schedule")[2]
     first_pair = refuted.attrs["pairs"][0].name  # type: ignore[index,union-attr]
-    proven: list[str] = []
-    real_prove = check._prove
+    proven: list[str] = []  # lone proofs in this process
+    batched: list[str] = []  # schedules this process proved a batch at a time
+    real_prove, real_prove_all = check._prove, batch.prove_all
 
     def refuting(dag: PairDAG, entry_of, count, prefix: str, fix: str) -> None:  # type: ignore[no-untyped-def]
         proven.append(dag.name)
@@ -509,21 +510,26 @@ def test_proofs_left_running_are_waited_for_after_the_last_pass(monkeypatch: pyt
             raise ScheduleError(f"{prefix}schedule of pair '{dag.name}' violates exclusive for a, b: made up; {fix}")
         real_prove(dag, entry_of, count, prefix, fix)
 
+    def refuting_all(schedules: list) -> bool:  # type: ignore[type-arg]
+        batched.extend(s.dag.name for s in schedules)
+        return first_pair not in {s.dag.name for s in schedules} and real_prove_all(schedules)
+
     monkeypatch.setattr(check, "_prove", refuting)
+    monkeypatch.setattr(batch, "prove_all", refuting_all)
     manager = PassManager(parse_pipeline("overlap-schedule{jobs=2 cache=false},test-later"), verify_each=False)
     with pytest.raises(PassError) as info:
         manager.run(many_pairs_module())
     message = str(info.value)
     assert message.startswith("pass 'overlap-schedule{cache=false jobs=2}' failed")
     assert f"pair_schedule @{refuted.name}" in message and "violates exclusive" in message
-    # The main process proved, while waiting, the schedules the child had not taken yet (each once:
-    # both take from one counter), then proved the refuted one again to name the violation.
-    helped, explained = proven[:-1], proven[-1]
-    assert explained == first_pair
-    assert len(set(helped)) == len(helped) < len(planned.plan_ops("pair_schedule"))
+    # The main process proved, while waiting, the batches the child had not taken yet (each once:
+    # both take from one counter), then proved the refuted one again on its own to name the violation.
+    assert proven and proven[-1] == first_pair
+    assert len(set(batched)) == len(batched) < len(planned.plan_ops("pair_schedule"))
     assert manager.timings[0].finish_seconds > 0
     # Every proof passing: the same IR as proving inside the pass, one process.
     monkeypatch.setattr(check, "_prove", real_prove)
+    monkeypatch.setattr(batch, "prove_all", real_prove_all)
     waited, alone = many_pairs_module(), many_pairs_module()
     PassManager(parse_pipeline("overlap-schedule{jobs=2 cache=false}")).run(waited)
     OverlapSchedulePass(jobs=1, cache=False).apply(alone)

@@ -282,3 +282,60 @@ def test_z3_alone_decides_a_duration_unless_it_is_stated_exactly() -> None:
     with pytest.raises(ScheduleError) as info:
         _prove(dag, far, count, "", "")
     assert info.value.constraint == "duration" and info.value.tasks == ["e"]
+
+
+def test_prove_all_decides_a_batch_as_each_schedule_alone() -> None:
+    """One z3 problem for many schedules: sat exactly when every schedule is valid. The same DAG
+    twice in a batch keeps its constants apart (a clash would be a z3 error, read as unproven)."""
+    from passes.scheduling.check import prove_all
+
+    dag = small_dag()
+    order = [t.name for t in dag.tasks]
+    valid = PairSchedule(dag, [VALID[n] for n in order], "manual")
+    later = PairSchedule(dag, [dict(VALID, b=2.5)[n] for n in order], "manual")  # b starts later, still before c
+    broken = PairSchedule(dag, [dict(VALID, c=5.0)[n] for n in order], "manual")  # c overlaps e
+    late = PairSchedule(dag, [dict(VALID, w=8.5)[n] for n in order], "manual")  # w ends at 9.5, past 9
+    endless = PairSchedule(dag, [dict(VALID, w=float("inf"))[n] for n in order], "manual")
+    assert prove_all([valid, later, valid])
+    assert prove_all([])
+    for bad in (broken, late, endless):
+        assert not prove_all([valid, bad, later])
+        assert not prove_all([bad])
+
+
+def test_overlap_schedule_proves_in_batches_in_the_pass() -> None:
+    """Without the background process, the new schedules' proofs run in the pass a batch at a time:
+    every schedule is recorded proven, and a refuted batch is proven schedule by schedule, raising
+    at the schedule z3 refutes."""
+    from unittest import mock
+
+    import passes.overlap_schedule as overlap
+
+    pipeline = "candidates,overlap-schedule{cache=false,jobs=1}"
+    parallel = ParallelConfig(pp=2, vpp=2, ep=4, microbatches=8)
+    module = synthetic_module(QWEN3_NEXT_PATTERN * 2, parallel=parallel)
+    proofs: list[int] = []
+    real_prove_all = overlap.prove_all
+    with mock.patch.object(overlap, "prove_all", lambda batch: proofs.append(len(batch)) or real_prove_all(batch)):
+        PassManager(parse_pipeline(pipeline)).run(module)
+    scheduled = [op for op in module.plan if op.op == "pair_schedule"]
+    assert scheduled and proofs and max(proofs) <= overlap.PROOF_BATCH
+
+    refuted: list[str] = []
+
+    def prove_none(schedules: list) -> bool:
+        refuted.extend(s.dag.name for s in schedules)
+        return False
+
+    proved_alone: list[str] = []
+    real_check = overlap.check_schedule
+
+    def check(dag: PairDAG, entries: list, where: str = "", prove: bool = True) -> None:
+        if prove:
+            proved_alone.append(dag.name)
+        real_check(dag, entries, where, prove)
+
+    module = synthetic_module(QWEN3_NEXT_PATTERN * 2, parallel=parallel)
+    with mock.patch.object(overlap, "prove_all", prove_none), mock.patch.object(overlap, "check_schedule", check):
+        PassManager(parse_pipeline(pipeline)).run(module)
+    assert len(refuted) == sum(proofs) and sorted(proved_alone) == sorted(refuted)
