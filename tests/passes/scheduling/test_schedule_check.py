@@ -316,7 +316,11 @@ def test_overlap_schedule_proves_in_batches_in_the_pass() -> None:
     module = synthetic_module(QWEN3_NEXT_PATTERN * 2, parallel=parallel)
     proofs: list[int] = []
     real_prove_all = overlap.prove_all
-    with mock.patch.object(overlap, "prove_all", lambda batch: proofs.append(len(batch)) or real_prove_all(batch)):
+    def counting(batch: list) -> bool:
+        proofs.append(len(batch))
+        return real_prove_all(batch)
+
+    with mock.patch.object(overlap, "prove_all", counting):
         PassManager(parse_pipeline(pipeline)).run(module)
     scheduled = [op for op in module.plan if op.op == "pair_schedule"]
     assert scheduled and proofs and max(proofs) <= overlap.PROOF_BATCH
