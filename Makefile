@@ -62,6 +62,10 @@ sanitize: $(STAMP)
 	ASAN_OPTIONS=detect_leaks=0:hard_rss_limit_mb=6000 LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-name=libstdc++.so)" \
 	  TESSERA_SEARCH_EXTENSION=$$(ls $(abspath $(SANITIZE_DIR))/_search*.so) \
 	  $(BIN)/pytest -q -p no:cacheprovider tests/passes/scheduling tests/passes/test_overlap_schedule.py
+	# The contention model's event loop (passes/costs/csrc) under the same sanitizers.
+	ASAN_OPTIONS=detect_leaks=0:hard_rss_limit_mb=6000 LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-name=libstdc++.so)" \
+	  TESSERA_RETIME_EXTENSION=$$(ls $(abspath $(SANITIZE_DIR))/_retime*.so) \
+	  $(BIN)/pytest -q -p no:cacheprovider tests/passes/costs/test_retime_native.py tests/passes/costs/test_contention.py
 
 test-fast: $(STAMP)
 	$(BIN)/pytest -q -m "not slow"

@@ -80,10 +80,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from passes.costs.hardware import Hardware
+from passes.costs.native import load_extension
 from tessera_ir.errors import TesseraError
 from tessera_ir.kinds import Resource
+
+# TESSERA_RETIME_EXTENSION names another build of the event loop (the sanitizer build `make test`
+# runs the contention tests against); normally the package's own.
+if TYPE_CHECKING:
+    from passes.costs import _retime
+else:
+    _retime = load_extension("passes.costs._retime", "TESSERA_RETIME_EXTENSION")
 
 COMPUTE = Resource.COMPUTE.value
 COMM = Resource.COMM.value
@@ -201,17 +210,11 @@ def comm_rate(neighbour: ContendedTask, params: ContentionParams, share: float =
     return 1.0 / (1.0 + per_compute * neighbour.sm_util + params.comm_slowdown_per_memory * neighbour.mem_util)
 
 
-def retime(tasks: Sequence[ContendedTask], params: ContentionParams) -> RetimedPair:
-    """Execute the schedule event by event under the contention model (see the module docstring).
-
-    Tasks are held by their index in ``tasks``; every time is computed by the same operations in
-    the same order as written in the docstring's terms, so the result does not depend on how the
-    loop is written (the profile pass re-times every distinct pair twice, so this loop is hot).
-    """
-    names = [t.name for t in tasks]
-    if len(set(names)) != len(names):
+def _checked_index(tasks: Sequence[ContendedTask]) -> dict[str, int]:
+    """Each task's position in ``tasks``, after refusing what cannot be re-timed."""
+    index = {t.name: i for i, t in enumerate(tasks)}
+    if len(index) != len(tasks):
         raise ContentionError("task names repeat in the schedule")
-    index = {name: i for i, name in enumerate(names)}
     for t in tasks:
         if t.resource not in (COMPUTE, COMM):
             raise ContentionError(f"task '{t.name}' has resource '{t.resource}'; use 'compute' or 'comm'")
@@ -220,6 +223,47 @@ def retime(tasks: Sequence[ContendedTask], params: ContentionParams) -> RetimedP
         for d in t.deps:
             if d not in index:
                 raise ContentionError(f"task '{t.name}' depends on '{d}', which is not in the schedule")
+    return index
+
+
+def _deadlock(names: Sequence[str]) -> ContentionError:
+    return ContentionError(f"the stream order deadlocks: {', '.join(names)} wait on later tasks of their streams")
+
+
+def retime(tasks: Sequence[ContendedTask], params: ContentionParams) -> RetimedPair:
+    """Execute the schedule event by event under the contention model (see the module docstring).
+
+    The event loop runs in C++ (``passes/costs/csrc/retime.cpp``, the extension
+    :mod:`passes.costs._retime`): the loop of :func:`retime_reference` statement for statement, on
+    the same doubles in the same order, so the two give bitwise-identical times (the tests compare
+    them on thousands of random schedules). The profile pass re-times every distinct pair twice
+    and the simulator every program, so this loop is hot: in Python it was about a twentieth of a
+    cold compile of make demo's model.
+    """
+    index = _checked_index(tasks)
+    start, finish, started, finished, stuck = _retime.retime(
+        [t.duration for t in tasks], [0 if t.resource == COMPUTE else 1 for t in tasks], [t.order for t in tasks],
+        [[index[d] for d in t.deps] for t in tasks], [t.sm_util for t in tasks], [t.mem_util for t in tasks],
+        [t.bandwidth_share for t in tasks], params.sm_share_lost, params.comm_hbm_share,
+        params.comm_slowdown_per_compute, params.comm_slowdown_per_memory, params.cross_stream_sync_us,
+        params.comm_wait_beside_compute_us, params.latency_bound_comm, params.comm_latency_slowdown_per_compute,
+    )
+    if stuck:
+        raise _deadlock([tasks[i].name for i in stuck])
+    start_of = {tasks[i].name: start[i] for i in started}
+    finish_of = {tasks[i].name: finish[i] for i in finished}
+    return RetimedPair(start_of, finish_of, max(finish_of.values(), default=0.0), sum(t.duration for t in tasks))
+
+
+def retime_reference(tasks: Sequence[ContendedTask], params: ContentionParams) -> RetimedPair:
+    """:func:`retime` in Python: the definition the C++ loop follows and is tested against.
+
+    Tasks are held by their index in ``tasks``; every time is computed by the same operations in
+    the same order as written in the docstring's terms, so the result does not depend on how the
+    loop is written.
+    """
+    index = _checked_index(tasks)
+    names = [t.name for t in tasks]
     n = len(tasks)
     duration = [t.duration for t in tasks]
     # Stream 0 computes, stream 1 communicates; each runs its tasks in schedule order.
@@ -285,8 +329,7 @@ def retime(tasks: Sequence[ContendedTask], params: ContentionParams) -> RetimedP
             if waiting:
                 now = min(waiting)
                 continue
-            stuck = [names[streams[r][pos[r]]] for r in (0, 1) if pos[r] < len(streams[r])]
-            raise ContentionError(f"the stream order deadlocks: {', '.join(stuck)} wait on later tasks of their streams")
+            raise _deadlock([names[streams[r][pos[r]]] for r in (0, 1) if pos[r] < len(streams[r])])
         rate_compute = rate_comm = 1.0
         stalled = -1  # the comm task waiting for a processor, if any
         if comp >= 0 and comm >= 0:

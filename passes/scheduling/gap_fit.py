@@ -85,40 +85,23 @@ schedules are keyed by it.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING
 
+from passes.costs.native import load_extension
 from passes.scheduling.baselines import fixed_template
 from passes.scheduling.check import ScheduleError, check_pair_schedule
 from passes.scheduling.pair_dag import BWD, PairDAG
 from passes.scheduling.schedule import RESOURCES, PairSchedule, SchedulingError, left_shift, priority_order
 
-
-def _load_search() -> ModuleType:
-    # TESSERA_SEARCH_EXTENSION names another build of the extension (the sanitizer build
-    # `make test` runs the scheduling tests against); normally the package's own.
-    override = os.environ.get("TESSERA_SEARCH_EXTENSION")
-    if not override:
-        from passes.scheduling import _search as own
-
-        return own
-    spec = importlib.util.spec_from_file_location("passes.scheduling._search", override)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"TESSERA_SEARCH_EXTENSION={override} is not a loadable extension module")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
+# TESSERA_SEARCH_EXTENSION names another build of the extension (the sanitizer build `make test`
+# runs the scheduling tests against); normally the package's own.
 if TYPE_CHECKING:
     from passes.scheduling import _search
 else:
-    _search = _load_search()
+    _search = load_extension("passes.scheduling._search", "TESSERA_SEARCH_EXTENSION")
 
 
 @dataclass(frozen=True)

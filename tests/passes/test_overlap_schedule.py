@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
+import os
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -496,6 +499,20 @@ def test_proofs_left_running_are_waited_for_after_the_last_pass(monkeypatch: pyt
     import passes.scheduling.check as check
 
     monkeypatch.setattr(batch, "MIN_DAGS_PER_WORKER", 1)
+    # Batches of two, and the later pass held until the background process has taken its first
+    # one: otherwise the main process may reach its wait first and take every batch itself.
+    monkeypatch.setattr(batch, "PROOF_BATCH", 2)
+    child_took = multiprocessing.get_context("fork").Event()
+    main_pid, real_take = os.getpid(), batch._take
+
+    def take(next_index, count: int) -> range:  # type: ignore[no-untyped-def]
+        taken = real_take(next_index, count)
+        if taken and os.getpid() != main_pid:
+            child_took.set()
+        return taken
+
+    monkeypatch.setattr(batch, "_take", take)
+    monkeypatch.setattr(LaterPass, "background_started", child_took)
     planned = many_pairs_module()
     OverlapSchedulePass(jobs=1, cache=False).apply(planned)
     refuted = planned.plan_ops("pair_schedule")[2]
@@ -528,6 +545,7 @@ def test_proofs_left_running_are_waited_for_after_the_last_pass(monkeypatch: pyt
     assert len(set(batched)) == len(batched) < len(planned.plan_ops("pair_schedule"))
     assert manager.timings[0].finish_seconds > 0
     # Every proof passing: the same IR as proving inside the pass, one process.
+    monkeypatch.setattr(LaterPass, "background_started", None)
     monkeypatch.setattr(check, "_prove", real_prove)
     monkeypatch.setattr(batch, "prove_all", real_prove_all)
     waited, alone = many_pairs_module(), many_pairs_module()
@@ -551,6 +569,10 @@ class LaterPass(ModulePass):
 
     name = "test-later"
     summary = "test only"
+    # Set by a test: an event the background proof process sets when it takes its first batch.
+    background_started: ClassVar[Any] = None
 
     def apply(self, module: Module) -> bool:
+        if LaterPass.background_started is not None:
+            assert LaterPass.background_started.wait(60), "the background proofs took no batch in 60 s"
         return False
