@@ -66,6 +66,10 @@ sanitize: $(STAMP)
 	ASAN_OPTIONS=detect_leaks=0:hard_rss_limit_mb=6000 LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-name=libstdc++.so)" \
 	  TESSERA_RETIME_EXTENSION=$$(ls $(abspath $(SANITIZE_DIR))/_retime*.so) \
 	  $(BIN)/pytest -q -p no:cacheprovider tests/passes/costs/test_retime_native.py tests/passes/costs/test_contention.py
+	# The simulator's action loop (passes/simulation/csrc) under the same sanitizers.
+	ASAN_OPTIONS=detect_leaks=0:hard_rss_limit_mb=6000 LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-name=libstdc++.so)" \
+	  TESSERA_ACTION_EXTENSION=$$(ls $(abspath $(SANITIZE_DIR))/_action*.so) \
+	  $(BIN)/pytest -q -p no:cacheprovider tests/simulation
 
 test-fast: $(STAMP)
 	$(BIN)/pytest -q -m "not slow"

@@ -7,8 +7,11 @@ and the simulator built on the serially balanced partition with gap-fit pair sch
 simulation's speed does not depend on which partition it runs; planning is not timed here).
 
 Printed per configuration (static plan, with the DBO): the one-off build time (scheduling and
-re-timing every distinct program), the time of one iteration (median of ``--repeats``), and the
-time of ``--iterations`` iterations including the routing draws, with the ratio to the mark.
+re-timing every distinct program), the time of one iteration (median of ``--repeats``) beside
+the same iteration with every action's tasks run by the Python reference loop
+(``engine.simulate(..., python_loop=True)``, which the C++ action loop follows bitwise; the bench checks the
+two iterations' figures are equal), and the time of ``--iterations`` iterations including the
+routing draws, with the ratio to the mark.
 
 Run: ``.venv/bin/python bench/bench_simulation_speed.py`` (``--pp/--vpp/--ep/--microbatches``
 change the setting).
@@ -58,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     capture_s = time.perf_counter() - t
     rows = []
     print(f"{args.workload} PP{args.pp} VPP{args.vpp} EP{args.ep} m{args.microbatches} (captured in {capture_s:.1f} s)")
-    print(f"{'config':12} {'build s':>8} {'tasks':>8} {'1 iteration s':>14} {'vs 2 s':>7} {f'{args.iterations} iterations s':>17} {'vs 60 s':>8} {'cpu s':>7}")
+    print(f"{'config':12} {'build s':>8} {'tasks':>8} {'1 iteration s':>14} {'vs 2 s':>7} {'Python loop s':>14} {'ratio':>6} "
+          f"{f'{args.iterations} iterations s':>17} {'vs 60 s':>8} {'cpu s':>7}")
     for label, dbo in (("static", False), ("with DBO", True)):
         t = time.perf_counter()
         builder = SimulationBuilder(PlanView(module), BuildOptions(method="gap-fit", dbo=dbo))
@@ -67,19 +71,27 @@ def main(argv: list[str] | None = None) -> int:
         build_s = time.perf_counter() - t
         routing = builder.routing(RoutingSpec("zipf"))
         imbalance = routing.imbalance(0)
-        one = []
-        for _ in range(args.repeats):
-            t = time.perf_counter()
-            simulate(inp, imbalance, dbo=settings)
-            one.append(time.perf_counter() - t)
+        one: list[float] = []
+        reference: list[float] = []
+        for _ in range(args.repeats):  # alternating, so drifts in the machine's speed hit both
+            for python_loop, times in ((False, one), (True, reference)):
+                t = time.perf_counter()
+                result = simulate(inp, imbalance, dbo=settings, python_loop=python_loop)
+                times.append(time.perf_counter() - t)
+                if not python_loop:
+                    native_us = result.iteration_us
+                elif result.iteration_us != native_us:
+                    raise SystemExit(f"{label}: the C++ action loop gives {native_us} µs, the Python loop {result.iteration_us}")
         t, cpu = time.perf_counter(), time.process_time()
         run_iterations(inp, routing, args.iterations, settings)
         many, many_cpu = time.perf_counter() - t, time.process_time() - cpu
         tasks = sum(len(a.program.tasks) for actions in inp.ranks for a in actions)
-        one_s = statistics.median(one)
-        print(f"{label:12} {build_s:8.2f} {tasks:8d} {one_s:14.3f} {one_s / MARK_ONE_S:6.2f}x {many:17.1f} {many / MARK_MANY_S:7.2f}x {many_cpu:7.1f}")
+        one_s, reference_s = statistics.median(one), statistics.median(reference)
+        print(f"{label:12} {build_s:8.2f} {tasks:8d} {one_s:14.3f} {one_s / MARK_ONE_S:6.2f}x {reference_s:14.3f} {one_s / reference_s:6.3f} "
+              f"{many:17.1f} {many / MARK_MANY_S:7.2f}x {many_cpu:7.1f}")
         rows.append({"config": label, "build_s": round(build_s, 3), "tasks_per_iteration": tasks,
-                     "one_iteration_s": round(one_s, 4), "iterations": args.iterations, "iterations_s": round(many, 2), "iterations_cpu_s": round(many_cpu, 2)})
+                     "one_iteration_s": round(one_s, 4), "one_iteration_python_loop_s": round(reference_s, 4),
+                     "iterations": args.iterations, "iterations_s": round(many, 2), "iterations_cpu_s": round(many_cpu, 2)})
     # The machine may be shared: wall time above CPU time means the run waited for a core.
     print(f"load average during the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     out = Path(args.out)

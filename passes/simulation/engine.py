@@ -41,11 +41,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from passes.costs.native import load_extension
 from passes.simulation.program import BWD, COMM, COMPUTE, FWD, Action, Program, SimulationInput, SimulationInputError
 from runtime.dbo import DboCounters, DboPolicy, MovableTask, SlotSpec
 
+# TESSERA_ACTION_EXTENSION names another build of the action loop (the sanitizer build `make test`
+# runs the simulator's tests against); normally the package's own.
 if TYPE_CHECKING:
     import numpy as np
+
+    from passes.simulation import _action
+else:
+    _action = load_extension("passes.simulation._action", "TESSERA_ACTION_EXTENSION")
 
 LANES = ("compute", "a2a", "send_next", "send_prev", "grad_reduce")
 COMM_KINDS = ("dispatch", "combine", "p2p", "grad_reduce")
@@ -185,9 +192,9 @@ class DboSettings:
 
 
 class _Compiled:
-    """A program flattened into tuples for the inner loop."""
+    """A program flattened into tuples for the Python loop, and handed to the C++ action loop."""
 
-    __slots__ = ("rows", "slot_at", "n", "has_fwd", "has_bwd", "routed_layers", "names")
+    __slots__ = ("rows", "slot_at", "n", "has_fwd", "has_bwd", "routed_layers", "names", "loop")
 
     def __init__(self, program: Program):
         self.n = len(program.tasks)
@@ -217,6 +224,12 @@ class _Compiled:
         self.has_fwd, self.has_bwd = program.sides
         self.routed_layers = program.routed_layers
         self.names = tuple(t.name for t in program.tasks)
+        rows = self.rows
+        self.loop = _action.ActionLoop(
+            [row[0] for row in rows], [row[1] for row in rows], [row[2] for row in rows], [list(row[3]) for row in rows],
+            [row[4] for row in rows], [row[5] for row in rows], [row[6] for row in rows], [row[7] for row in rows],
+            [row[9] is not None for row in rows], len(self.routed_layers),
+        )
 
 
 def _overlap_sweep(comm: list[tuple[float, float, int]], compute: list[tuple[float, float]]) -> list[float]:
@@ -240,12 +253,58 @@ def _overlap_sweep(comm: list[tuple[float, float, int]], compute: list[tuple[flo
     return exposed
 
 
+def _run_native(
+    prog: _Compiled, a: Action, k: int, r: int, t0: float, factors: list[float], policy: DboPolicy | None,
+    compute_lane: LaneStats, comm_lane: LaneStats, comm_total: list[float], comm: dict[str, CommStats],
+    task_ids: list[int], last_bwd: list[dict[int, int]], steps: int, live: list[int], peak_live: int,
+) -> tuple[float, float, float, float, int]:
+    """Step ``k`` of rank ``r``'s tasks by the C++ loop, asking ``policy`` where the Python loop
+    does; updates the lanes, the dispatch/combine totals and exposure. Returns (forward end,
+    backward end, compute free, comm free, peak live bytes)."""
+    loop = prog.loop
+    loop.start(t0, compute_lane.free_us, comm_lane.free_us, factors)
+    if policy is None:
+        loop.advance(False, False)
+        due: list[float] = []
+    else:
+        while True:
+            i, ready_t, dur, free_c = loop.advance(True, policy.pool_size > 0)
+            if i < 0:
+                break
+            row = prog.rows[i]
+            if row[7]:  # deferrable
+                bstage = a.bwd[0] if row[6] == BWD else a.fwd[0]  # type: ignore[index]
+                task = MovableTask(task_ids[r], prog.names[i], dur, last_bwd[r].get(bstage, steps - 1), row[8])
+                task_ids[r] += 1
+                if policy.offer(task, k):
+                    loop.defer()
+                    peak_live = max(peak_live, live[r] + policy.pool_bytes)
+                    continue
+            fills: list[float] = []
+            slot, slot_routed = row[9], row[10]
+            if slot is not None and ready_t > free_c and policy.pool_size:
+                decision = policy.fill(k, policy.predict(slot, factors[slot_routed] if slot_routed >= 0 else 1.0))
+                policy.settle(decision, ready_t - free_c)
+                fills = [task.duration_us for task in decision.tasks]
+            loop.run_stopped(fills)
+        due = [task.duration_us for task in policy.due(k)]
+    (free_c, free_m, fwd_end, bwd_end, compute_lane.free_us, compute_lane.busy_us, compute_lane.idle_us,
+     comm_lane.free_us, comm_lane.busy_us, comm_lane.idle_us, comm_total[0], comm_total[1], exposed_dispatch,
+     exposed_combine) = loop.finish(due, compute_lane.free_us, compute_lane.busy_us, compute_lane.idle_us,
+                                    comm_lane.free_us, comm_lane.busy_us, comm_lane.idle_us, comm_total[0], comm_total[1])
+    comm["dispatch"].exposed_us += exposed_dispatch
+    comm["combine"].exposed_us += exposed_combine
+    return fwd_end, bwd_end, free_c, free_m, peak_live
+
+
 def simulate(
     inp: SimulationInput,
     imbalance: Sequence[Sequence[float]] | np.ndarray | None = None,
     dbo: DboSettings | None = None,
     record: bool = False,
     policy_factory: Callable[[int], DboPolicy] | None = None,
+    *,
+    python_loop: bool = False,
 ) -> SimulationResult:
     """Simulate one iteration.
 
@@ -253,7 +312,14 @@ def simulate(
     the mean) of each decoder layer and micro-batch; None means perfectly balanced. ``dbo``
     turns the Dynamic Bubble Optimizer on (``policy_factory(rank)`` may supply the policies,
     e.g. to inspect them). ``record`` keeps every busy interval for traces and timelines.
+
+    Each action's tasks run in C++ (``passes/simulation/csrc/action.cpp``): the Python task loop
+    below on the same doubles in the same order, stopping before every task the DBO policy
+    decides on, so the two give bitwise-identical results (the tests compare them). The Python
+    loop runs with ``python_loop`` (the definition the C++ one follows) and for a recorded
+    iteration, whose intervals it names.
     """
+    native = not (python_loop or record)
     pp, stages = inp.pp, inp.stages
     if imbalance is not None and (len(imbalance) < inp.decoder_layers or any(len(row) < inp.microbatches for row in imbalance)):
         raise SimulationInputError(
@@ -323,6 +389,35 @@ def simulate(
             t = max(t, arrival)
         return t, got
 
+    def _outputs(a: Action, k: int, r: int, fwd_end: float, bwd_end: float, end_t: float) -> None:
+        """What an action ending at ``end_t`` sends on: activations forward, gradients backward, and
+        its chunk's gradient reduction after its last backward."""
+        if a.fwd is not None:
+            s, mb = a.fwd
+            fwd_done[a.fwd] = fwd_end
+            if s < stages - 1:
+                if pp == 1:
+                    fwd_in[(s, mb)] = (fwd_end, fwd_end, 0.0)
+                else:
+                    fwd_in[(s, mb)] = send(r, "send_next", fwd_end)
+        if a.bwd is not None:
+            s, mb = a.bwd
+            if act_bytes:
+                live[r] -= act_bytes[s]
+            if s > 0:
+                if pp == 1:
+                    bwd_in[(s, mb)] = (bwd_end, bwd_end, 0.0)
+                else:
+                    bwd_in[(s, mb)] = send(r, "send_prev", bwd_end)
+            if last_bwd[r].get(s) == k and inp.grad_reduce_us:
+                lane = ranks[r].lanes["grad_reduce"]
+                duration = inp.grad_reduce_us[r][s // pp]
+                start = max(end_t, lane.free_us)
+                lane.occupy(start, start + duration)
+                comm["grad_reduce"].total_us += duration
+                if record and duration > 0:
+                    events.append(Event(r, "grad_reduce", f"grad_reduce.chunk{s // pp}", start, start + duration, "grad_reduce"))
+
     progress = True
     while progress:
         progress = False
@@ -373,6 +468,17 @@ def simulate(
                 for side, layer in prog.routed_layers:
                     mb = a.fwd[1] if side == FWD else a.bwd[1]  # type: ignore[index]
                     factors.append(imb[layer][mb] if imb is not None else 1.0)
+                if native:
+                    fwd_end, bwd_end, free_c, free_m, peak_live = _run_native(
+                        prog, a, k, r, t0, factors, policy, compute_lane, comm_lane, comm_total, comm, task_ids, last_bwd,
+                        len(actions), live, peak_live,
+                    )
+                    end_t = max(t0, free_c, free_m)
+                    rs.action_us += end_t - t0
+                    prev_end[r] = end_t
+                    rs.peak_activation_bytes = max(rs.peak_activation_bytes, peak_live)
+                    _outputs(a, k, r, fwd_end, bwd_end, end_t)
+                    continue
                 fin = [0.0] * prog.n
                 free_c = max(compute_lane.free_us, t0)
                 free_m = max(comm_lane.free_us, t0)
@@ -441,32 +547,7 @@ def simulate(
                 rs.action_us += end_t - t0
                 prev_end[r] = end_t
                 rs.peak_activation_bytes = max(rs.peak_activation_bytes, peak_live)
-                # Outputs: activations forward, gradients backward.
-                if a.fwd is not None:
-                    s, mb = a.fwd
-                    fwd_done[a.fwd] = fwd_end
-                    if s < stages - 1:
-                        if pp == 1:
-                            fwd_in[(s, mb)] = (fwd_end, fwd_end, 0.0)
-                        else:
-                            fwd_in[(s, mb)] = send(r, "send_next", fwd_end)
-                if a.bwd is not None:
-                    s, mb = a.bwd
-                    if act_bytes:
-                        live[r] -= act_bytes[s]
-                    if s > 0:
-                        if pp == 1:
-                            bwd_in[(s, mb)] = (bwd_end, bwd_end, 0.0)
-                        else:
-                            bwd_in[(s, mb)] = send(r, "send_prev", bwd_end)
-                    if last_bwd[r].get(s) == k and inp.grad_reduce_us:
-                        lane = lanes["grad_reduce"]
-                        duration = inp.grad_reduce_us[r][s // pp]
-                        start = max(end_t, lane.free_us)
-                        lane.occupy(start, start + duration)
-                        comm["grad_reduce"].total_us += duration
-                        if record and duration > 0:
-                            events.append(Event(r, "grad_reduce", f"grad_reduce.chunk{s // pp}", start, start + duration, "grad_reduce"))
+                _outputs(a, k, r, fwd_end, bwd_end, end_t)
     stuck = [(r, ptr[r]) for r in range(pp) if ptr[r] < len(inp.ranks[r])]
     if stuck:
         r, k = stuck[0]
