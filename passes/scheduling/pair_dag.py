@@ -57,9 +57,16 @@ class PairDAG:
 
     def critical_path(self) -> float:
         """Longest duration-weighted path; tasks are stored in a topological order."""
-        finish = [0.0] * len(self.tasks)
-        for i, t in enumerate(self.tasks):
-            finish[i] = max((finish[d] for d in t.deps), default=0.0) + t.duration
+        finish: list[float] = []
+        for t in self.tasks:
+            deps = t.deps
+            # max() over the dependencies' finishes, written out (this runs for every DAG a compile
+            # schedules): the first of equal values wins, as in max().
+            ready = finish[deps[0]] if deps else 0.0
+            for d in deps:
+                if finish[d] > ready:
+                    ready = finish[d]
+            finish.append(ready + t.duration)
         return max(finish, default=0.0)
 
     def lower_bound(self) -> float:
