@@ -79,6 +79,7 @@ PYBIND11_MODULE(_search, m) {
         info["fits"] = stats.fits;
         info["fit_reuses"] = stats.fit_reuses;
         info["reinsert_reuses"] = stats.reinsert_reuses;
+        info["justify_reuses"] = stats.justify_reuses;
         info["candidates"] = stats.candidates;
         info["merge_steps"] = stats.merge_steps;
         info["last_gain"] = stats.last_gain;

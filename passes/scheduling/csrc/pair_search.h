@@ -28,7 +28,8 @@
 // list-scheduling by bound; last, from the best schedule, two neighbouring transfers swapped at
 // two places at once (swap_pairs). The search stops as soon as the makespan
 // reaches the lower bound (it is then optimal). Each stream order is fitted once per search:
-// asked again (about seven asks in eight), the kept answer is handed back. Everything is
+// asked again (about seven asks in eight), the kept answer is handed back; so is each
+// schedule's justification (about four asks in five are repeats). Everything is
 // deterministic: ties are broken by task number, there is no randomness and no clock.
 #pragma once
 
@@ -74,6 +75,7 @@ struct Stats {
   long fits = 0;          // schedules fitted around a fixed stream order
   long fit_reuses = 0;    // fits answered from the ones this search already made
   long reinsert_reuses = 0;  // critical reinsertions replayed from orders already searched from
+  long justify_reuses = 0;   // justifications handed back from the ones this search already made
   int candidates = 0;     // constructive schedules tried
   long merge_steps = 0;   // steps of the merge search
   int last_gain = 0;      // the merge step that last improved the best schedule

@@ -63,8 +63,9 @@ def test_a_case_is_deterministic() -> None:
 
 def test_the_search_fits_each_transfer_order_once() -> None:
     """The search asks for the same transfer order many times; each is fitted once and the
-    answer handed back after that, and a critical reinsertion from orders it already searched
-    from is replayed (the schedules above, found with both, are the ones it needs)."""
+    answer handed back after that, as is each schedule it justified, and a critical
+    reinsertion from orders it already searched from is replayed (the schedules above, found
+    with all three, are the ones it needs)."""
     for case in CASES:
         stats = gap_fit(dag_of(case)).stats
         fits, reuses = int(stats["fits"]), int(stats["fit_reuses"])  # type: ignore[call-overload]
@@ -74,3 +75,5 @@ def test_the_search_fits_each_transfer_order_once() -> None:
     fits, reuses = int(stats["fits"]), int(stats["fit_reuses"])  # type: ignore[call-overload]
     assert fits > 100 and reuses > 10 * fits, stats
     assert int(stats["reinsert_reuses"]) > 0, stats  # type: ignore[call-overload]
+    # and a schedule it justified before is handed back, not justified again
+    assert int(stats["justify_reuses"]) > 0, stats  # type: ignore[call-overload]
