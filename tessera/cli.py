@@ -325,13 +325,32 @@ def _suggested_header(module: Module, suggested: dict[str, Any]) -> str:
     return print_module(dataclasses.replace(module, attrs=header))
 
 
+def _capture_here(
+    args: argparse.Namespace, parallel: dict[str, Any]
+) -> tuple[Module, dict[str, Any], list[str]]:
+    """Capture ``args.source`` in this process: the module, the settings the source suggests, and
+    capture's warnings (other warnings are shown as they come)."""
+    from frontend.errors import CaptureWarning
+    from tessera.api import capture
+
+    suggested: dict[str, Any] = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CaptureWarning)
+        module = capture(args.source, layer_kinds=args.layer_kind, suggested=suggested, **parallel)
+    notes = []
+    for warning in caught:
+        if issubclass(warning.category, CaptureWarning):
+            notes.append(str(warning.message))
+        else:
+            warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
+    return module, suggested, notes
+
+
 def _captured(
     args: argparse.Namespace, run: Run, key: str | None, parallel: dict[str, Any], timings: list[tuple[str, float]]
 ) -> tuple[Module, list[str]]:
     """The captured module, from the capture cache when it holds ``key`` (a placement-blind
     capture key); and capture's warnings."""
-    from tessera.api import capture
-
     start = time.perf_counter()
     cache = CompileCache("captures") if key is not None else None
     hit = cache.get(key) if cache is not None and key is not None else None
@@ -341,18 +360,9 @@ def _captured(
         notes = hit.warnings
         timings.append(("capture (from the compile cache)", time.perf_counter() - start))
     else:
-        from frontend.errors import CaptureWarning
+        from tessera.child_capture import in_child
 
-        suggested: dict[str, Any] = {}
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", CaptureWarning)
-            module = capture(args.source, layer_kinds=args.layer_kind, suggested=suggested, **parallel)
-        notes = []
-        for warning in caught:
-            if issubclass(warning.category, CaptureWarning):
-                notes.append(str(warning.message))
-            else:
-                warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
+        module, suggested, notes = in_child(lambda: _capture_here(args, parallel))
         timings.append(("capture", time.perf_counter() - start))
         if cache is not None and key is not None:
             start = time.perf_counter()

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import tessera.api
+import tessera.child_capture
 from passes.costs.hardware import HARDWARE_DIR
 from passes.manager import parse_pipeline
 from tessera.cli import compile_main
@@ -49,7 +50,9 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture
 def counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    """How often capture and the pass pipeline really ran."""
+    """How often capture and the pass pipeline really ran (captures in this process, where the
+    counter sees them, not in a child)."""
+    monkeypatch.setattr(tessera.child_capture, "worth_a_child", lambda: False)
     calls = {"capture": 0, "passes": 0}
     capture, run_passes = tessera.api.capture, tessera.api.run_passes
 

@@ -1,0 +1,94 @@
+"""Capture in a forked child process, so that the compiling process never imports torch.
+
+Capturing a transformers model imports torch and the model's transformers modules: seconds of
+one core, and hundreds of megabytes that the compiling process would then carry through every
+later step. Each process the compile forks afterwards (the schedule search's workers, the
+background z3 proofs, the verifier, the capacity report's static run) copies that memory's page
+tables, and the copy-on-write faults that follow cost both cores time: make demo's compile spent
+about half a second more after capture with torch loaded than after a capture read from the
+compile cache, which loads none (`bench/bench_compile_time.py` measures the whole command).
+
+The child runs the capture exactly as the compiling process would and sends back the captured
+module pickled, so the module the passes get is the same object graph. A user error (a
+``TesseraError``: a model file that raises, a config that does not parse) comes back as a
+``TesseraError`` with the same message, and the child's traceback as a note for ``--debug``.
+What the child prints is flushed before it ends (and the parent's streams before the fork, so
+nothing is printed twice). If the child ends any other way (a bug, a signal, an answer that
+does not pickle), the capture runs again in the compiling process, which then fails, or
+succeeds, as it would have without the child; only then does a model file run twice.
+
+Only where it pays and is safe: on a platform that forks, and while torch is not yet imported
+(an embedding caller that has it gains nothing from a child). Forking is safe here because the
+command-line compile starts no thread before its capture.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import traceback
+from collections.abc import Callable
+from typing import TypeVar
+
+from tessera_ir.errors import TesseraError
+
+T = TypeVar("T")
+
+
+def worth_a_child() -> bool:
+    """Whether a capture should run in a child: the platform forks and torch is not loaded yet."""
+    return hasattr(os, "fork") and "torch" not in sys.modules
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed stream: nothing more can reach it
+            pass
+
+
+def in_child(work: Callable[[], T]) -> T:
+    """``work()`` (a capture) run in a forked child; its answer, or its user error, carried back."""
+    if not worth_a_child():
+        return work()
+    _flush()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: answer through the pipe and leave without the parent's exit handlers
+        code = 1
+        try:
+            os.close(read_end)
+            try:
+                answer: tuple[str, object] = ("done", work())
+            except TesseraError as err:
+                answer = ("user error", (str(err), "".join(traceback.format_exception(err))))
+            data = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
+            with os.fdopen(write_end, "wb") as out:
+                out.write(data)
+            code = 0
+        except BaseException:  # noqa: BLE001 - the parent captures again and reports what it finds
+            pass
+        finally:
+            _flush()
+            os._exit(code)
+    os.close(write_end)
+    try:
+        with os.fdopen(read_end, "rb") as answer_file:
+            data = answer_file.read()
+    finally:
+        _, status = os.waitpid(pid, 0)
+    if status == 0 and data:
+        try:
+            kind, value = pickle.loads(data)
+        except Exception:  # noqa: BLE001 - an answer this process cannot read: capture here instead
+            kind, value = "unreadable", None
+        if kind == "done":
+            return value  # type: ignore[no-any-return]
+        if kind == "user error":
+            message, child_traceback = value
+            failure = TesseraError(message)
+            failure.add_note(f"raised in the capture's child process:\n{child_traceback}")
+            raise failure
+    return work()
