@@ -29,8 +29,9 @@ import pickle
 import sys
 import traceback
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
+from tessera_ir.beside import child_answer, fork_child
 from tessera_ir.errors import TesseraError
 
 T = TypeVar("T")
@@ -41,54 +42,30 @@ def worth_a_child() -> bool:
     return hasattr(os, "fork") and "torch" not in sys.modules
 
 
-def _flush() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed stream: nothing more can reach it
-            pass
-
-
 def in_child(work: Callable[[], T]) -> T:
     """``work()`` (a capture) run in a forked child; its answer, or its user error, carried back."""
     if not worth_a_child():
         return work()
-    _flush()
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: answer through the pipe and leave without the parent's exit handlers
-        code = 1
+
+    def answer() -> tuple[str, object]:
         try:
-            os.close(read_end)
-            try:
-                answer: tuple[str, object] = ("done", work())
-            except TesseraError as err:
-                answer = ("user error", (str(err), "".join(traceback.format_exception(err))))
-            data = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
-            with os.fdopen(write_end, "wb") as out:
-                out.write(data)
-            code = 0
-        except BaseException:  # noqa: BLE001 - the parent captures again and reports what it finds
-            pass
-        finally:
-            _flush()
-            os._exit(code)
-    os.close(write_end)
-    try:
-        with os.fdopen(read_end, "rb") as answer_file:
-            data = answer_file.read()
-    finally:
-        _, status = os.waitpid(pid, 0)
-    if status == 0 and data:
+            return "done", work()
+        except TesseraError as err:
+            return "user error", (str(err), "".join(traceback.format_exception(err)))
+
+    data = child_answer(*fork_child(answer))
+    kind: str = "failed"
+    value: Any = None
+    if data is not None:
         try:
             kind, value = pickle.loads(data)
         except Exception:  # noqa: BLE001 - an answer this process cannot read: capture here instead
-            kind, value = "unreadable", None
-        if kind == "done":
-            return value  # type: ignore[no-any-return]
-        if kind == "user error":
-            message, child_traceback = value
-            failure = TesseraError(message)
-            failure.add_note(f"raised in the capture's child process:\n{child_traceback}")
-            raise failure
+            kind = "unreadable"
+    if kind == "done":
+        return value  # type: ignore[no-any-return]
+    if kind == "user error":
+        message, child_traceback = value
+        failure = TesseraError(message)
+        failure.add_note(f"raised in the capture's child process:\n{child_traceback}")
+        raise failure
     return work()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -29,14 +30,27 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
-def beside(work: Callable[[], T]) -> Callable[[], T]:
-    """Start ``work`` in a forked process; return a function that waits for its result."""
-    if not hasattr(os, "fork"):
-        done = work()
-        return lambda: done
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed stream: nothing more can reach it
+            pass
+
+
+def fork_child(work: Callable[[], object]) -> tuple[int, int]:
+    """Fork a child that sends ``work()`` pickled through a pipe and ends; return its pid and the
+    pipe's read end, for :func:`child_answer`.
+
+    The child ends without the parent's exit handlers, with status 0 once its answer is written
+    and 1 if ``work`` raised or its answer did not pickle. Both processes' standard streams are
+    flushed around the fork (the parent's before it, so nothing it printed is printed twice; the
+    child's before it ends, so nothing the work printed is lost).
+    """
+    _flush()
     read_end, write_end = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: answer through the pipe and leave without the parent's exit handlers
+    if pid == 0:
         code = 1
         try:
             os.close(read_end)
@@ -44,19 +58,35 @@ def beside(work: Callable[[], T]) -> Callable[[], T]:
             with os.fdopen(write_end, "wb") as out:
                 out.write(data)
             code = 0
-        except BaseException:  # noqa: BLE001 - the parent redoes the work and reports its failure
+        except BaseException:  # noqa: BLE001 - the parent decides what a failed child means
             pass
         finally:
+            _flush()
             os._exit(code)
     os.close(write_end)
+    return pid, read_end
+
+
+def child_answer(pid: int, read_end: int) -> bytes | None:
+    """Wait for a :func:`fork_child` child: its pickled answer, or None when it failed or died."""
+    try:
+        with os.fdopen(read_end, "rb") as answer:
+            data = answer.read()
+    finally:
+        _, status = os.waitpid(pid, 0)
+    return data if status == 0 and data else None
+
+
+def beside(work: Callable[[], T]) -> Callable[[], T]:
+    """Start ``work`` in a forked process; return a function that waits for its result."""
+    if not hasattr(os, "fork"):
+        done = work()
+        return lambda: done
+    pid, read_end = fork_child(work)
 
     def wait() -> T:
-        try:
-            with os.fdopen(read_end, "rb") as answer:
-                data = answer.read()
-        finally:
-            _, status = os.waitpid(pid, 0)
-        if status == 0 and data:
+        data = child_answer(pid, read_end)
+        if data is not None:
             return pickle.loads(data)  # type: ignore[no-any-return]
         return work()
 

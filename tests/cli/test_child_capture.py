@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -37,32 +38,31 @@ def test_the_answer_comes_back_from_another_process(forking: None) -> None:
     assert value == {"layers": [1, 2.5, "x"]}
 
 
-def test_a_user_error_keeps_its_message_and_runs_once(forking: None, tmp_path: Path) -> None:
-    log = tmp_path / "runs"
+def failing(log: Path, error: Exception) -> Callable[[], None]:
+    """Work that notes which process ran it in ``log``, then raises ``error``."""
 
     def work() -> None:
         with log.open("a") as out:
             out.write(f"{os.getpid()}\n")
-        raise TesseraError("model.py:3: build_model() raised ValueError('no'); fix the file")
+        raise error
 
+    return work
+
+
+def test_a_user_error_keeps_its_message_and_runs_once(forking: None, tmp_path: Path) -> None:
+    log = tmp_path / "runs"
     with pytest.raises(TesseraError) as caught:
-        child_capture.in_child(work)
+        child_capture.in_child(failing(log, TesseraError("model.py:3: build_model() raised ValueError('no'); fix the file")))
     assert str(caught.value) == "model.py:3: build_model() raised ValueError('no'); fix the file"
     notes = getattr(caught.value, "__notes__", [])
-    assert len(notes) == 1 and "raised in the capture's child process" in notes[0] and "in work" in notes[0]
+    assert len(notes) == 1 and "raised in the capture's child process" in notes[0] and "in work" in notes[0], notes
     assert len(runs_logged(log)) == 1 and runs_logged(log) != [str(os.getpid())]
 
 
 def test_any_other_failure_is_captured_again_here(forking: None, tmp_path: Path) -> None:
     log = tmp_path / "runs"
-
-    def work() -> None:
-        with log.open("a") as out:
-            out.write(f"{os.getpid()}\n")
-        raise ValueError("a bug in the frontend")
-
     with pytest.raises(ValueError, match="a bug in the frontend"):
-        child_capture.in_child(work)
+        child_capture.in_child(failing(log, ValueError("a bug in the frontend")))
     runs = runs_logged(log)
     assert len(runs) == 2 and runs[0] != str(os.getpid()) and runs[1] == str(os.getpid())
 
