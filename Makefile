@@ -58,9 +58,10 @@ sanitize: $(STAMP)
 	  --ignore=tests/runtime/test_training_torchrun.py --ignore=tests/runtime/test_executor_local.py \
 	  --ignore=tests/runtime/test_backward_split.py --ignore=tests/runtime/test_moe_binding.py \
 	  --ignore=tests/runtime/test_pipelining_export.py
-	# The pair-schedule search (passes/scheduling/csrc) under the same sanitizers.
+	# The pair-schedule search and its z3 proofs (passes/scheduling/csrc) under the same sanitizers.
 	ASAN_OPTIONS=detect_leaks=0:hard_rss_limit_mb=6000 LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-name=libstdc++.so)" \
 	  TESSERA_SEARCH_EXTENSION=$$(ls $(abspath $(SANITIZE_DIR))/_search*.so) \
+	  TESSERA_PROOF_EXTENSION=$$(ls $(abspath $(SANITIZE_DIR))/_proof*.so) \
 	  $(BIN)/pytest -q -p no:cacheprovider tests/passes/scheduling tests/passes/test_overlap_schedule.py
 	# The contention model's event loop (passes/costs/csrc) under the same sanitizers.
 	ASAN_OPTIONS=detect_leaks=0:hard_rss_limit_mb=6000 LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-name=libstdc++.so)" \

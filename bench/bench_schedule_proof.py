@@ -10,10 +10,12 @@ one run and interleaved so that machine load hits both alike:
   failing one is decided again with named assertions to find the core);
 
 each split into parsing (``from_string``) and deciding (``check``). Then, batch by batch
-(``passes.scheduling.batch.PROOF_BATCH`` schedules, the background proofs' unit), the lone
-proofs of a batch (script included) against ``prove_all`` deciding the batch as one problem,
-in alternating order. Prints milliseconds per DAG and the ratios. Every way must answer sat
-on every schedule.
+(``passes.scheduling.batch.PROOF_BATCH`` schedules, the background proofs' unit), in rotating
+order: the lone proofs of a batch by text (script included), ``prove_all`` deciding the batch
+as one problem by text (``through_text``), and ``prove_all`` as the compiler runs it, the facts
+handed to z3 as terms through its C API (``passes.scheduling._proof``); and each schedule
+proven alone through the C API. Prints milliseconds per DAG and the ratios. Every way must
+answer sat on every schedule.
 
     .venv/bin/python bench/bench_schedule_proof.py                       # make demo's model
     .venv/bin/python bench/bench_schedule_proof.py --source frontend/workloads/qwen3_next_1t_synthetic.json
@@ -37,7 +39,7 @@ import z3  # noqa: E402
 
 from passes.plan_view import PlanView  # noqa: E402
 from passes.scheduling.batch import PROOF_BATCH  # noqa: E402
-from passes.scheduling.check import entries_of, proof_script, prove_all  # noqa: E402
+from passes.scheduling.check import entries_of, native_facts, native_prover, proof_script, prove_all  # noqa: E402
 from passes.scheduling.gap_fit import gap_fit  # noqa: E402
 from passes.scheduling.pair_dag import PairDAG  # noqa: E402
 from tessera.api import capture, run_passes  # noqa: E402
@@ -109,18 +111,33 @@ def main(argv: list[str] | None = None) -> int:
             ok = decide(z3.SimpleSolver, plain, named=False)[2] and ok
         return ok
 
-    spent = {"lone": 0.0, "batched": 0.0}
+    native = native_prover()
+    if native is None:
+        print("the C API prover (passes.scheduling._proof) did not load: build the package (make setup)")
+        return 1
+
+    def c_api_lone(batch: list) -> bool:
+        return all([native.prove([native_facts(s.dag, s.start)]) for s in batch])
+
+    ways: list[tuple[str, Callable[[list], bool]]] = [
+        ("lone, text", lone),
+        ("batched, text", lambda batch: prove_all(batch, through_text=True)),
+        ("batched, C API", prove_all),
+        ("lone, C API", c_api_lone),
+    ]
+    spent = {name: 0.0 for name, _ in ways}
     for i, start in enumerate(range(0, len(schedules), PROOF_BATCH)):
         batch = schedules[start:start + PROOF_BATCH]
-        ways = [("lone", lone), ("batched", prove_all)]
-        for name, prove in ways if i % 2 == 0 else ways[::-1]:
+        for name, prove in ways[i % len(ways):] + ways[:i % len(ways)]:
             t0 = time.perf_counter()
             all_sat = prove(batch) and all_sat
             spent[name] += time.perf_counter() - t0
-    lone_ms, batched_ms = (1e3 * spent[k] / len(schedules) for k in ("lone", "batched"))
-    print(f"ms per DAG, script included: lone (SimpleSolver) {lone_ms:.2f}, {PROOF_BATCH} at a time as one problem "
-          f"(prove_all) {batched_ms:.2f}; batched/lone {batched_ms / lone_ms:.3f}; every schedule proven: "
-          f"{'yes' if all_sat else 'NO'}")
+    ms = {name: 1e3 * spent[name] / len(schedules) for name in spent}
+    print(f"ms per DAG, script or terms included ({PROOF_BATCH} at a time as one problem when batched):")
+    for name, _ in ways:
+        print(f"  {name:16s}{ms[name]:8.2f}   /lone, text {ms[name] / ms['lone, text']:.3f}")
+    print(f"batched: C API / text {ms['batched, C API'] / ms['batched, text']:.3f}; lone: C API / text "
+          f"{ms['lone, C API'] / ms['lone, text']:.3f}; every schedule proven: {'yes' if all_sat else 'NO'}")
     return 0 if all_sat else 1
 
 

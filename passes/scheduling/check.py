@@ -34,7 +34,17 @@ written out only when they fail -- the first two as ``false``, a duration that
 differs as its tolerance inequality -- so the core still names them and valid
 schedules stay short (the durations were over a quarter of z3's parsing).
 
-Scaling: the check is written as one SMT-LIB2 script with plain string
+Two ways to z3, the same facts: a well-formed schedule (every task placed once, on its
+stream, for its duration -- every schedule the passes make) goes to z3 as terms built through
+its C API by :mod:`passes.scheduling._proof` (``passes/scheduling/csrc/proof.cpp``, libz3 opened
+from the z3 package), each value the float's exact ratio; z3's solver decides their conjunction.
+Parsing the text was two thirds of a proof: on make demo's pair DAGs, sixteen at a time,
+the C API takes 0.36 of the text's time per schedule (1.33 against 3.69 ms, facts and script
+included; ``bench/bench_schedule_proof.py --sample 400``). Every other schedule, one the C API
+does not prove, and every schedule where the extension or libz3 cannot be loaded goes to the
+script below, which decides it again and, when it fails, names what broke.
+
+Scaling: the script is written as SMT-LIB2 text with plain string
 formatting and parsed by z3 in C++ (``Solver.from_string``); building the same
 terms through z3's Python API costs tens of microseconds each, several times
 the whole text. The encoding is linear in the number of tasks: exclusivity is
@@ -49,11 +59,16 @@ times are floats computed as sums of floats.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from pathlib import Path
+from types import ModuleType
 
+from passes.costs.native import load_extension
 from passes.scheduling.pair_dag import PairDAG
 from passes.scheduling.schedule import PairSchedule
 from tessera_ir.errors import TesseraError
@@ -252,8 +267,76 @@ def proof_script(dag: PairDAG, entry_of: dict[int, ScheduleEntry], count: list[i
     return script
 
 
+def _z3_library() -> str | None:
+    """The libz3 file the z3 package loads, found without importing the package (a tenth of a
+    second), or from the package itself where its folder holds none."""
+    spec = importlib.util.find_spec("z3")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(next(iter(spec.submodule_search_locations))) / "lib"
+    for pattern in ("libz3.so.*", "libz3.so", "libz3.dylib"):
+        found = sorted(folder.glob(pattern))
+        if found:
+            return str(found[0])
+    try:
+        import z3.z3core
+
+        return str(z3.z3core._lib._name)
+    except Exception:  # noqa: BLE001 - no library to open: the text scripts decide
+        return None
+
+
+@functools.cache
+def native_prover() -> ModuleType | None:
+    """The extension that hands a schedule's facts to z3 as terms through its C API
+    (``passes.scheduling._proof``) with libz3 opened, or None where it cannot be (no build of it,
+    no libz3 file, a libz3 without a function it uses): the SMT-LIB scripts decide then."""
+    try:
+        extension = load_extension("passes.scheduling._proof", "TESSERA_PROOF_EXTENSION")
+    except (ImportError, OSError):  # not built, or $TESSERA_PROOF_EXTENSION names no build
+        return None
+    path = _z3_library()
+    return extension if path is not None and extension.load(path) else None
+
+
+_STREAM_NUMBER = {"compute": 0, "comm": 1}
+
+
+def native_facts(
+    dag: PairDAG, start: Sequence[float]
+) -> tuple[Sequence[float], list[float], list[int], list[tuple[int, ...]], list[float | None], list[str]]:
+    """A well-formed schedule's facts as :mod:`passes.scheduling._proof` reads them: per task of
+    ``dag``, its start, duration, stream, predecessors, deadline (movable tasks with one) and
+    name (the tie-break of a stream's start order, as :func:`proof_script` breaks it)."""
+    tasks = dag.tasks
+    return (
+        start,
+        [t.duration for t in tasks],
+        [_STREAM_NUMBER[t.resource.value] for t in tasks],
+        [t.deps for t in tasks],
+        [t.deadline if t.movable else None for t in tasks],
+        [t.name for t in tasks],
+    )
+
+
+def _well_formed(dag: PairDAG, entry_of: dict[int, ScheduleEntry], count: list[int]) -> bool:
+    """Every task placed once, on its own stream, for exactly its own duration: the facts the
+    proof script writes out as ``true``, so that only the ones :mod:`passes.scheduling._proof`
+    states are left."""
+    return len(entry_of) == len(dag.tasks) and all(c == 1 for c in count) and all(
+        e.stream == t.resource.value and e.duration == t.duration
+        for e, t in ((entry_of[i], t) for i, t in enumerate(dag.tasks))
+    )
+
+
 def _prove(dag: PairDAG, entry_of: dict[int, ScheduleEntry], count: list[int], prefix: str, fix: str) -> None:
     """The z3 proof of the conditions (see the module docstring); raises on the first unsat core."""
+    native = native_prover()
+    if native is not None and _well_formed(dag, entry_of, count):
+        start = [entry_of[i].start for i in range(len(dag.tasks))]
+        if native.prove([native_facts(dag, start)]):
+            return
+    # Not proven through the C API (or no C API): the script decides, and names what broke.
     import z3
 
     script = proof_script(dag, entry_of, count)
@@ -289,7 +372,7 @@ def _prove(dag: PairDAG, entry_of: dict[int, ScheduleEntry], count: list[int], p
     )
 
 
-def prove_all(schedules: Sequence[PairSchedule]) -> bool:
+def prove_all(schedules: Sequence[PairSchedule], through_text: bool = False) -> bool:
     """Whether z3 proves every one of ``schedules`` valid, deciding their scripts as one.
 
     Each schedule's facts are ground (every constant is defined by a value), so their
@@ -298,7 +381,13 @@ def prove_all(schedules: Sequence[PairSchedule]) -> bool:
     check, about a third of a lone proof of a pair DAG of make demo's model, is paid once per
     batch (bench/bench_schedule_proof.py measures both). Any other answer says only that some
     schedule failed; the caller proves each on its own to find which and why.
+
+    The facts go to z3 as terms through its C API where :func:`native_prover` loads, as
+    SMT-LIB text otherwise (and with ``through_text``): the same facts, decided by z3 both ways.
     """
+    native = None if through_text else native_prover()
+    if native is not None:
+        return bool(native.prove([native_facts(s.dag, s.start) for s in schedules]))
     import z3
 
     try:

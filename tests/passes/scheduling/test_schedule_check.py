@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from fractions import Fraction
 
 import pytest
 
@@ -284,10 +285,18 @@ def test_z3_alone_decides_a_duration_unless_it_is_stated_exactly() -> None:
     assert info.value.constraint == "duration" and info.value.tasks == ["e"]
 
 
-def test_prove_all_decides_a_batch_as_each_schedule_alone() -> None:
+ENGINES = pytest.mark.parametrize("through_text", [False, True], ids=["c-api", "smt-lib-text"])
+
+
+@ENGINES
+def test_prove_all_decides_a_batch_as_each_schedule_alone(through_text: bool) -> None:
     """One z3 problem for many schedules: sat exactly when every schedule is valid. The same DAG
     twice in a batch keeps its constants apart (a clash would be a z3 error, read as unproven)."""
-    from passes.scheduling.check import prove_all
+    from functools import partial
+
+    from passes.scheduling import check
+
+    prove_all = partial(check.prove_all, through_text=through_text)
 
     dag = small_dag()
     order = [t.name for t in dag.tasks]
@@ -343,3 +352,135 @@ def test_overlap_schedule_proves_in_batches_in_the_pass() -> None:
     with mock.patch.object(overlap, "prove_all", prove_none), mock.patch.object(overlap, "check_schedule", check):
         PassManager(parse_pipeline(pipeline)).run(module)
     assert len(refuted) == sum(proofs) and sorted(proved_alone) == sorted(refuted)
+
+
+def two_task_dag(duration: float, deadline: float | None = None) -> PairDAG:
+    """a (compute, ``duration``) -> b (comm, 1 us); b movable with ``deadline`` when given."""
+    return PairDAG(
+        "two",
+        [
+            PairTask("a", "x.fwd", C, duration, (), FWD, "l0"),
+            PairTask("b", "dispatch.fwd", M, 1.0, (0,), FWD, "l0", movable=deadline is not None, deadline=deadline),
+        ],
+    )
+
+
+def test_the_c_api_prover_is_built_and_opens_libz3() -> None:
+    from passes.scheduling.check import native_prover
+
+    assert native_prover() is not None
+
+
+def test_both_ways_to_z3_agree_with_the_exact_check_at_the_tolerance_and_far_from_one() -> None:
+    """Values on either side of the 1e-6 us tolerance, and values whose exact ratio needs more
+    than 64 bits (a denominator of 2^72, a numerator of 3e12): the terms built through the C API,
+    the SMT-LIB text and the exact Python check give the same answer on each."""
+    import math
+
+    from passes.scheduling.check import prove_all
+
+    tol = math.nextafter(1e-6, 1.0)  # the float above 10^-6 (float(1e-6) lies below it)
+    inside = 1e-6
+    assert Fraction(inside) < Fraction(1, 10**6) < Fraction(tol)
+    cases = [
+        # (a's duration, a's start, b's start, b's deadline, valid)
+        (2.0, 0.0, 2.0, None, True),
+        (2.0, -inside, 2.0, None, True),  # starts before the pair by less than the tolerance
+        (2.0, -tol, 2.0, None, False),  # by just more (both denominators are 2^72)
+        (2.0, 0.0, 2.0 - 2.0**-21, None, True),  # b starts 4.8e-7 us before a ends
+        (2.0, 0.0, 2.0 - 2.0**-19, None, False),  # 1.9e-6 us before
+        (3.0e12, 0.0, 3.0e12, None, True),  # 3e12 = 732421875 * 2^12
+        (3.0e12, 0.0, math.nextafter(3.0e12, 0.0), None, False),  # one ulp (4.9e-4 us) early
+        (1.0, 3.0e12, 3.0e12 + 1.0, None, True),
+        (2.0**-70, 0.0, 2.0**-70, None, True),
+        (2.0, 0.0, 2.0, 3.0, True),  # b ends at its deadline
+        (2.0, 0.0, 2.0 + 2 * tol, 3.0, False),  # b ends 2e-6 us after its deadline
+        (2.0, 0.0, 2.0 + 2.0**-21, 3.0, True),  # 4.8e-7 us after, within the tolerance
+        (2.0, -(2.0**60) + 0.5, 2.0, None, False),
+    ]
+    for duration, start_a, start_b, deadline, valid in cases:
+        dag = two_task_dag(duration, deadline)
+        sched = PairSchedule(dag, [start_a, start_b], "manual")
+        where = (duration, start_a, start_b, deadline)
+        assert prove_all([sched]) is valid, where
+        assert prove_all([sched], through_text=True) is valid, where
+        if valid:
+            check_schedule(dag, entries_of(sched))
+        else:
+            with pytest.raises(ScheduleError):
+                check_schedule(dag, entries_of(sched))
+
+
+def test_both_ways_to_z3_agree_on_every_small_shift_of_a_large_schedule() -> None:
+    """Each of forty tasks of a 100+-task schedule moved by less than the tolerance, by more, and
+    far: the C API and the text answer alike on each, and both kinds of answer occur."""
+    import random
+
+    from passes.scheduling.check import prove_all
+
+    dag, sched = big_schedule()
+    answers = []
+    for k in random.Random(0).sample(range(len(dag.tasks)), 40):
+        for delta in (-5e-7, -2e-6, -1.0, 0.5):
+            moved = PairSchedule(dag, [x + delta if i == k else x for i, x in enumerate(sched.start)], "manual")
+            by_terms, by_text = prove_all([moved]), prove_all([moved], through_text=True)
+            assert by_terms == by_text, (dag.tasks[k].name, delta)
+            answers.append(by_terms)
+    assert True in answers and False in answers
+    assert prove_all([sched] * 20) and prove_all([sched] * 20, through_text=True)
+
+
+def test_a_broken_well_formed_schedule_is_named_after_the_c_api_refutes_it() -> None:
+    """The C API answers only sat or not; what broke comes from the named script after it."""
+    from passes.scheduling.check import _prove
+
+    dag = small_dag()
+    broken = {i: e for i, e in enumerate(entries(dict(VALID, c=5.0)))}  # c overlaps e, starts before b ends
+    with pytest.raises(ScheduleError) as info:
+        _prove(dag, broken, [1] * len(dag.tasks), "", "")
+    assert info.value.constraint in ("dependency", "exclusive") and "c" in info.value.tasks
+
+
+def test_without_the_c_api_the_scripts_decide(monkeypatch: pytest.MonkeyPatch) -> None:
+    from passes.scheduling import check
+
+    monkeypatch.setattr(check, "native_prover", lambda: None)
+    dag = small_dag()
+    order = [t.name for t in dag.tasks]
+    valid = PairSchedule(dag, [VALID[n] for n in order], "manual")
+    broken = PairSchedule(dag, [dict(VALID, c=5.0)[n] for n in order], "manual")
+    assert check.prove_all([valid, valid]) and not check.prove_all([valid, broken])
+    check._prove(dag, dict(enumerate(entries(VALID))), [1] * len(dag.tasks), "", "")
+    with pytest.raises(ScheduleError):
+        check._prove(dag, dict(enumerate(entries(dict(VALID, c=5.0)))), [1] * len(dag.tasks), "", "")
+
+
+def test_a_forked_process_proves_in_a_z3_context_of_its_own() -> None:
+    """The parent's context (kept between proofs) is never used across a fork: after the parent
+    proved, the background process proves and refutes as the parent does."""
+    from passes.scheduling.batch import BackgroundProofs
+    from passes.scheduling.check import prove_all
+
+    dag = small_dag()
+    order = [t.name for t in dag.tasks]
+    valid = PairSchedule(dag, [VALID[n] for n in order], "manual")
+    broken = PairSchedule(dag, [dict(VALID, c=5.0)[n] for n in order], "manual")
+    assert prove_all([valid]) and not prove_all([broken])
+    schedules = [valid] * 300 + [broken] + [valid] * 300  # past the context's recycling, both sides
+    assert BackgroundProofs(schedules).wait() == [True] * 300 + [False] + [True] * 300
+    assert prove_all([valid] * 20)
+
+
+def test_the_c_api_extension_without_libz3_proves_nothing() -> None:
+    """A library that cannot be opened loads nothing ('' instead of a version), and a proof asked
+    of the extension then is an error, not an answer."""
+    import subprocess
+    import sys
+
+    script = (
+        "from passes.scheduling import _proof\n"
+        "print(repr(_proof.load('/nonexistent/libz3.so')))\n"
+        "try:\n    _proof.prove([])\nexcept RuntimeError as err:\n    print('refused:', err)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == ["''", "refused: libz3 is not loaded: call load(path) first"]
