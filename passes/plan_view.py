@@ -515,14 +515,16 @@ class PlanView:
             )
         keys = []
         for t, e in zip(dag.tasks, matched):
-            stream = e.attrs.get("stream", t.resource.value)
-            if stream != t.resource.value:
-                raise PlanError(f"pair_schedule @{sched.name} puts {t.resource.value} task @{t.name} on stream '{stream}'")
+            own = t.resource.value
+            stream = e.attrs.get("stream", own)
+            if stream != own:
+                raise PlanError(f"pair_schedule @{sched.name} puts {own} task @{t.name} on stream '{stream}'")
             position, start = _number(e.attrs.get("order")), _number(e.attrs.get("start"))
             keys.append((stream, math.inf if position is None else position, 0.0 if start is None else start))
         order = [0] * len(dag.tasks)
         for r in RESOURCES:
-            on_stream = sorted((k for k in range(len(keys)) if keys[k][0] == r.value), key=lambda k: (*keys[k][1:], dag.tasks[k].name))
+            name = r.value
+            on_stream = sorted((k for k in range(len(keys)) if keys[k][0] == name), key=lambda k: (*keys[k][1:], dag.tasks[k].name))
             for position, k in enumerate(on_stream):
                 order[k] = position
         # Only a tie in (order, start) falls to the names, which differ between pairs sharing a schedule.
