@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from fractions import Fraction
 
 import pytest
@@ -365,6 +366,10 @@ def two_task_dag(duration: float, deadline: float | None = None) -> PairDAG:
     )
 
 
+NEEDS_DLOPEN = pytest.mark.skipif(sys.platform == "win32", reason="the C API prover is built only where dlopen exists")
+
+
+@NEEDS_DLOPEN
 def test_the_c_api_prover_is_built_and_opens_libz3() -> None:
     from passes.scheduling.check import native_prover
 
@@ -471,11 +476,11 @@ def test_a_forked_process_proves_in_a_z3_context_of_its_own() -> None:
     assert prove_all([valid] * 20)
 
 
+@NEEDS_DLOPEN
 def test_the_c_api_extension_without_libz3_proves_nothing() -> None:
     """A library that cannot be opened loads nothing ('' instead of a version), and a proof asked
     of the extension then is an error, not an answer."""
     import subprocess
-    import sys
 
     script = (
         "from passes.scheduling import _proof\n"
