@@ -70,7 +70,7 @@ from types import ModuleType
 
 from passes.costs.native import load_extension
 from passes.scheduling.pair_dag import PairDAG
-from passes.scheduling.schedule import PairSchedule
+from passes.scheduling.schedule import RESOURCES, PairSchedule
 from tessera_ir.errors import TesseraError
 from tessera_ir.schedule_rules import violations
 
@@ -299,20 +299,18 @@ def native_prover() -> ModuleType | None:
     return extension if path is not None and extension.load(path) else None
 
 
-_STREAM_NUMBER = {"compute": 0, "comm": 1}
-
-
 def native_facts(
     dag: PairDAG, start: Sequence[float]
 ) -> tuple[Sequence[float], list[float], list[int], list[tuple[int, ...]], list[float | None], list[str]]:
     """A well-formed schedule's facts as :mod:`passes.scheduling._proof` reads them: per task of
-    ``dag``, its start, duration, stream, predecessors, deadline (movable tasks with one) and
-    name (the tie-break of a stream's start order, as :func:`proof_script` breaks it)."""
+    ``dag``, its start, duration, stream (numbered as the pair search numbers them), predecessors,
+    deadline (movable tasks with one) and name (the tie-break of a stream's start order, as
+    :func:`proof_script` breaks it)."""
     tasks = dag.tasks
     return (
         start,
         [t.duration for t in tasks],
-        [_STREAM_NUMBER[t.resource.value] for t in tasks],
+        [RESOURCES.index(t.resource) for t in tasks],
         [t.deps for t in tasks],
         [t.deadline if t.movable else None for t in tasks],
         [t.name for t in tasks],
@@ -323,9 +321,9 @@ def _well_formed(dag: PairDAG, entry_of: dict[int, ScheduleEntry], count: list[i
     """Every task placed once, on its own stream, for exactly its own duration: the facts the
     proof script writes out as ``true``, so that only the ones :mod:`passes.scheduling._proof`
     states are left."""
-    return len(entry_of) == len(dag.tasks) and all(c == 1 for c in count) and all(
-        e.stream == t.resource.value and e.duration == t.duration
-        for e, t in ((entry_of[i], t) for i, t in enumerate(dag.tasks))
+    return all(c == 1 for c in count) and all(
+        i in entry_of and entry_of[i].stream == t.resource.value and entry_of[i].duration == t.duration
+        for i, t in enumerate(dag.tasks)
     )
 
 

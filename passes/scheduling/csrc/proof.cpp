@@ -216,8 +216,8 @@ bool state_facts(Z3_context ctx, Terms& terms, Z3_ast tol, Z3_ast minus_tol, con
   return true;
 }
 
-// The context every proof of this process builds its terms in. Making and deleting one cost a
-// quarter of a batch of sixteen of make demo's schedules, so it is kept; its terms live as long as
+// The context every proof of this process builds its terms in. Making and deleting one cost
+// about a third of proving a batch of sixteen of make demo's schedules, so it is kept; its terms live as long as
 // it does, so it is made anew after kRecycleAfter schedules (make demo's proofs, over and over,
 // peaked 32 MB above the process's size). A process forked from one that holds it makes its
 // own and leaves the inherited one alone: nothing of z3 is shared across a fork.
@@ -265,8 +265,8 @@ bool prove(const std::vector<Facts>& schedules) {
   for (const Facts& schedule : schedules)
     if (!state_facts(ctx, terms, tol, minus_tol, schedule, facts)) return false;
   if (z3_failed) return false;
-  // The context's solver, its assertions scoped to this proof (push ... pop): a solver of its
-  // own per proof cost more than proving a schedule of make demo's model.
+  // The context's solver, its assertions scoped to this proof (push ... pop): with a solver of
+  // its own per proof, a lone proof of one of make demo's schedules took 1.6-2.7 ms, not 1.1-1.5.
   Z3_solver solver = context.solver;
   api.solver_push(ctx, solver);
   if (!facts.empty()) api.solver_assert(ctx, solver, api.mk_and(ctx, unsigned(facts.size()), facts.data()));
@@ -284,13 +284,14 @@ PYBIND11_MODULE(_proof, m) {
         "Open libz3 at path; its version, or '' when it cannot be opened or lacks a function used here.");
   m.def(
       "prove",
-      [](const std::vector<std::tuple<std::vector<double>, std::vector<double>, std::vector<int>,
-                                      std::vector<std::vector<int>>, std::vector<std::optional<double>>,
-                                      std::vector<std::string>>>& schedules) {
+      [](std::vector<std::tuple<std::vector<double>, std::vector<double>, std::vector<int>,
+                                std::vector<std::vector<int>>, std::vector<std::optional<double>>,
+                                std::vector<std::string>>> schedules) {
         std::vector<Facts> facts;
         facts.reserve(schedules.size());
-        for (const auto& [start, duration, stream, deps, deadline, name] : schedules)
-          facts.push_back(Facts{start, duration, stream, deps, deadline, name});
+        for (auto& [start, duration, stream, deps, deadline, name] : schedules)
+          facts.push_back(Facts{std::move(start), std::move(duration), std::move(stream), std::move(deps),
+                                std::move(deadline), std::move(name)});
         py::gil_scoped_release unlocked;
         return prove(facts);
       },
