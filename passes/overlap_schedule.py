@@ -51,7 +51,9 @@ warning and the pair scheduled again.
 Cache (options ``cache``, ``cache-dir``, ``cache-max-mb``): schedules are kept on disk beside
 the profile cache (:mod:`passes.scheduling.cache`), keyed by the DAG's signature and the
 scheduler's version and options, so a recompile schedules only DAGs it has not seen. The IR is
-byte-identical with and without the cache.
+byte-identical with and without the cache. A new schedule proven in the background is written
+by the process that proved it, as soon as it is proven, so the compile does not wait for the
+files after its last pass; nothing unproven is written as proven.
 
 Speed: each distinct side of a pair (a list of forward or backward layers) is built once
 by the view, and pairs are grouped by their two side signatures, so a DAG is built only
@@ -295,22 +297,37 @@ class OverlapSchedulePass(ModulePass):
         if prove_s:
             note_time("z3 proof", prove_s)
 
+        kept: set[int] = set()  # new schedules already written, by the process that proved them
+
         def write_cache() -> None:
             if cache is None:
                 return
             t1 = time.perf_counter()
             for k, sched in enumerate(schedules):
                 entry = found[k]
-                if entry is None or (proven[k] and not entry.proven):
+                if k not in kept and (entry is None or (proven[k] and not entry.proven)):
                     cache.put(keys[k], sched, proven[k])
-            if cache.written:
+            if cache.written or kept:
                 cache.trim()
             note_time("schedule cache write", time.perf_counter() - t1)
 
         if not later:
             write_cache()
             return schedules
-        proofs = BackgroundProofs([schedules[k] for k in later])
+
+        def keep(i: int) -> bool:
+            """Write the ``i``-th background-proven schedule to the cache, where it was proven (most
+            often in the background process, off the compile's path); False when it could not be
+            written, and write_cache tries again, warning if it fails again."""
+            assert cache is not None
+            k = later[i]
+            try:
+                cache.write(keys[k], schedules[k], True)
+            except OSError:
+                return False
+            return True
+
+        proofs = BackgroundProofs([schedules[k] for k in later], keep if cache is not None else None)
         note_time(f"z3 proofs of {len(later)} new schedules: left running beside the later passes", 0.0)
 
         def finish() -> None:
@@ -318,6 +335,7 @@ class OverlapSchedulePass(ModulePass):
                 if not ok:  # proven again here, which raises with the constraint z3 found violated
                     check_schedule(dags[k], entries_of(schedules[k]), f"pair_schedule @sched.{k}", prove=True)
                 proven[k] = True
+            kept.update(k for k, was_kept in zip(later, proofs.kept()) if was_kept)
             write_cache()
 
         finish_later("z3 proofs of the new schedules", finish, proofs.cancel)

@@ -30,6 +30,7 @@ fits.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -169,6 +170,20 @@ class ScheduleCache:
         self._ignore(self.path(key), f"holds an invalid schedule ({error})")
 
     def put(self, key: str, schedule: PairSchedule, proven: bool) -> None:
+        """Write ``schedule`` under ``key``; a folder that cannot be written is a warning."""
+        try:
+            self.write(key, schedule, proven)
+        except OSError as err:
+            warnings.warn(
+                f"cannot write the schedule cache in {self.dir}: {err}; schedules are not cached (pick a writable "
+                "folder with the cache-dir option or TESSERA_CACHE_DIR, or turn the cache off with cache=false)",
+                ScheduleCacheWarning,
+                stacklevel=2,
+            )
+
+    def write(self, key: str, schedule: PairSchedule, proven: bool) -> None:
+        """Write ``schedule`` under ``key`` (to a temporary file renamed into place, so a reader
+        never sees half an entry); OSError when the folder cannot be written."""
         entry = {
             "format": CACHE_FORMAT,
             "key": key,
@@ -181,20 +196,17 @@ class ScheduleCache:
             "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "host": socket.gethostname(),
         }
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=self.dir)
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=self.dir)
             with os.fdopen(fd, "w") as f:
                 json.dump(entry, f, separators=(",", ":"))
             os.replace(tmp, self.path(key))
-            self.written += 1
-        except OSError as err:
-            warnings.warn(
-                f"cannot write the schedule cache in {self.dir}: {err}; schedules are not cached (pick a writable "
-                "folder with the cache-dir option or TESSERA_CACHE_DIR, or turn the cache off with cache=false)",
-                ScheduleCacheWarning,
-                stacklevel=2,
-            )
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        self.written += 1
 
     def trim(self) -> int:
         """Remove the least recently used entries until the cache fits ``max_bytes``; how many went."""

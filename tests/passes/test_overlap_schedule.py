@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import multiprocessing
 import os
 from pathlib import Path
@@ -552,6 +553,85 @@ def test_proofs_left_running_are_waited_for_after_the_last_pass(monkeypatch: pyt
     PassManager(parse_pipeline("overlap-schedule{jobs=2 cache=false}")).run(waited)
     OverlapSchedulePass(jobs=1, cache=False).apply(alone)
     assert print_module(waited) == print_module(alone)
+
+
+def test_background_proofs_write_each_new_schedule_where_it_is_proven(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With workers and the cache on, a new schedule proven in the background is written to the
+    schedule cache by the background process itself (the compile does not wait for the files); the
+    ones the main process proves while waiting, it writes. A write that fails in the background is
+    made again by the main process, and one that fails there too is a warning; nothing unproven
+    is written, and no temporary file is left behind."""
+    import warnings
+
+    import passes.scheduling.batch as batch
+    from passes.scheduling.cache import ScheduleCache, ScheduleCacheWarning
+
+    monkeypatch.setattr(batch, "MIN_DAGS_PER_WORKER", 1)
+    monkeypatch.setattr(batch, "PROOF_BATCH", 2)
+    child_took = multiprocessing.get_context("fork").Event()
+    main_pid, real_take, real_write = os.getpid(), batch._take, ScheduleCache.write
+
+    def take(next_index, count: int) -> range:  # type: ignore[no-untyped-def]
+        taken = real_take(next_index, count)
+        if taken and os.getpid() != main_pid:
+            child_took.set()
+        return taken
+
+    writers = tmp_path / "writers"
+    writers.mkdir()
+
+    def recording(self: ScheduleCache, key: str, schedule: PairSchedule, proven: bool) -> None:
+        real_write(self, key, schedule, proven)
+        (writers / f"{os.getpid()}.{key}").touch()
+
+    monkeypatch.setattr(batch, "_take", take)
+    monkeypatch.setattr(LaterPass, "background_started", child_took)
+    monkeypatch.setattr(ScheduleCache, "write", recording)
+    folder = tmp_path / "cache"
+    pipeline = f"overlap-schedule{{jobs=2 cache-dir={folder}}},test-later"
+    cached, alone = many_pairs_module(), many_pairs_module()
+    PassManager(parse_pipeline(pipeline), verify_each=False).run(cached)
+    OverlapSchedulePass(jobs=1, cache=False).apply(alone)
+    assert print_module(cached) == print_module(alone)
+    count = len(cached.plan_ops("pair_schedule"))
+    entries = sorted((folder / "schedules").glob("*.json"))
+    assert len(entries) == count
+    assert all(json.loads(p.read_text())["proven"] is True for p in entries)
+    assert not list((folder / "schedules").glob("*.tmp")) and not list((folder / "schedules").glob(".*"))
+    pids = {int(p.name.split(".")[0]) for p in writers.iterdir()}
+    assert len(list(writers.iterdir())) == count  # each schedule written once
+    assert pids - {main_pid}, "the background process wrote none of the schedules it proved"
+
+    # Writes that fail in the background process only: the main process writes them all.
+    def failing_in_children(self: ScheduleCache, key: str, schedule: PairSchedule, proven: bool) -> None:
+        if os.getpid() != main_pid:
+            raise OSError("no space left on device")
+        real_write(self, key, schedule, proven)
+
+    monkeypatch.setattr(ScheduleCache, "write", failing_in_children)
+    child_took.clear()
+    again = tmp_path / "again"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ScheduleCacheWarning)
+        PassManager(parse_pipeline(f"overlap-schedule{{jobs=2 cache-dir={again}}},test-later"), verify_each=False).run(
+            many_pairs_module()
+        )
+    assert len(list((again / "schedules").glob("*.json"))) == count
+
+    # Writes that fail everywhere: a warning, and no entry.
+    def failing(self: ScheduleCache, key: str, schedule: PairSchedule, proven: bool) -> None:
+        raise OSError("read-only file system")
+
+    monkeypatch.setattr(ScheduleCache, "write", failing)
+    child_took.clear()
+    nowhere = tmp_path / "nowhere"
+    with pytest.warns(ScheduleCacheWarning, match="read-only file system"):
+        PassManager(parse_pipeline(f"overlap-schedule{{jobs=2 cache-dir={nowhere}}},test-later"), verify_each=False).run(
+            many_pairs_module()
+        )
+    assert not list(nowhere.glob("schedules/*.json"))
 
 
 @pytest.fixture(autouse=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 
@@ -250,6 +251,32 @@ def test_background_proofs_answer_in_order_whoever_proves_them() -> None:
     schedules = [valid] * 40 + [broken] + [valid] * 40 + [broken]
     proofs = BackgroundProofs(schedules)
     assert proofs.wait() == [True] * 40 + [False] + [True] * 40 + [False]
+
+
+def test_background_proofs_keep_each_proven_schedule_once_and_no_refuted_one(tmp_path: Path) -> None:
+    """``keep`` runs for every proven schedule, in whichever process proved it, and never for a
+    refuted one; what it did not keep (it returned False or raised) is not reported kept."""
+    from passes.scheduling.batch import BackgroundProofs
+
+    dag = small_dag()
+    order = [t.name for t in dag.tasks]
+    valid = PairSchedule(dag, [VALID[n] for n in order], "manual")
+    broken = PairSchedule(dag, [dict(VALID, c=5.0)[n] for n in order], "manual")
+    schedules = [valid] * 30 + [broken] + [valid] * 30
+
+    def keep(k: int) -> bool:
+        if k == 7:
+            return False
+        if k == 8:
+            raise OSError("disk full")
+        (tmp_path / str(k)).touch()
+        return True
+
+    proofs = BackgroundProofs(schedules, keep)
+    assert proofs.wait() == [True] * 30 + [False] + [True] * 30
+    expected = [k not in (7, 8, 30) for k in range(len(schedules))]
+    assert proofs.kept() == expected
+    assert sorted(int(p.name) for p in tmp_path.iterdir()) == [k for k, was in enumerate(expected) if was]
 
 
 def test_background_proofs_cancelled_leave_no_process() -> None:
