@@ -44,3 +44,15 @@ def test_the_child_does_not_change_what_the_parent_sees() -> None:
         return len(shared)
 
     assert beside(grows)() == 2 and shared == [1]
+
+
+def test_the_child_keeps_what_it_inherited_out_of_the_collector_s_way() -> None:
+    """Inherited objects are frozen in the child (a full collection there would copy every page it
+    inherited); the parent's collector is left as it was."""
+    import gc
+
+    before = gc.get_freeze_count()
+    inherited = [[k] for k in range(1000)]  # lists: objects the collector tracks
+    assert all(gc.is_tracked(x) for x in inherited)
+    assert beside(gc.get_freeze_count)() >= before + len(inherited)
+    assert gc.get_freeze_count() == before
