@@ -317,14 +317,11 @@ class OverlapSchedulePass(ModulePass):
 
         def keep(i: int) -> bool:
             """Write the ``i``-th background-proven schedule to the cache, where it was proven (most
-            often in the background process, off the compile's path); False when it could not be
-            written, and write_cache tries again, warning if it fails again."""
+            often in the background process, off the compile's path). One that cannot be written
+            (OSError) is not kept, and write_cache tries again, warning if it fails again."""
             assert cache is not None
             k = later[i]
-            try:
-                cache.write(keys[k], schedules[k], True)
-            except OSError:
-                return False
+            cache.write(keys[k], schedules[k], True)
             return True
 
         proofs = BackgroundProofs([schedules[k] for k in later], keep if cache is not None else None)

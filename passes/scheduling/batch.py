@@ -141,12 +141,12 @@ def _prove_taken(
     that fail are refuted. Each proven schedule is then handed to ``keep`` (its index), here,
     with SIGTERM held off meanwhile so that :meth:`BackgroundProofs.cancel` never stops a process
     halfway through keeping one (a cache file written but not yet renamed into place)."""
+    held = hasattr(signal, "pthread_sigmask") and keep is not None
     while taken := _take(next_index, len(schedules)):
         if prove_all([schedules[k] for k in taken]):
             answers = [_PROVEN] * len(taken)
         else:
             answers = [_PROVEN if _proves(schedules[k]) else _REFUTED for k in taken]
-        held = hasattr(signal, "pthread_sigmask") and keep is not None
         if held:
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         try:
@@ -158,9 +158,11 @@ def _prove_taken(
 
 
 def _kept(keep: Callable[[int], bool], k: int) -> bool:
+    """``keep(k)``; an exception it raises counts as not kept (the caller keeps the schedule again
+    after :meth:`BackgroundProofs.wait`, and says what failed)."""
     try:
         return keep(k)
-    except Exception:  # noqa: BLE001 - not kept: the caller keeps it again after wait(), and says what failed
+    except Exception:  # noqa: BLE001 - see the docstring
         return False
 
 
@@ -176,10 +178,10 @@ class BackgroundProofs:
 
     ``keep(k)``, when given, is called with each schedule's index as soon as it is proven, in
     whichever process proved it, and says whether it kept the schedule (the overlap pass writes
-    it to the schedule cache: writing 963 entries took 0.16-0.9 s of make demo's cold compile
-    after the last pass, file creation on this machine's disk costing 0.17-0.9 ms each, and in
-    the background process it costs the compile nothing). It must only write where nothing else
-    writes and never raise; :meth:`kept` says afterwards which schedules it kept, so that the
+    it to the schedule cache: writing make demo's 963 new entries took 0.16-0.89 s at the end of
+    its cold compile, 0.16-0.93 ms an entry on this machine's disk, and in the background process
+    it costs the compile nothing). It must only write where nothing else writes; returning False
+    or raising means not kept. :meth:`kept` says afterwards which schedules it kept, so that the
     caller keeps the rest itself (a failure in the background process is then met again, and
     reported, in the caller's).
     """
