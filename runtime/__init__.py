@@ -9,11 +9,14 @@ torch only in the executor (``runtime.pair_executor``).
         ...  # issue the work the action names, then fsm.complete(action.id)
 
 ``load_plan`` and ``FSM`` are the C++ interpreter (``runtime._core``);
-``runtime.reference`` is the same semantics in pure Python.
+``runtime.reference`` is the same semantics in pure Python. The extension is
+loaded on first use, so the pair executor (``runtime.pair_executor``) also runs
+where it was never built: a GPU host that only measures pairs.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 from pathlib import Path
@@ -30,9 +33,8 @@ def _load_core() -> ModuleType:
     # build `make test` runs the runtime tests against); normally the package's own.
     override = os.environ.get("TESSERA_RUNTIME_EXTENSION")
     if not override:
-        from runtime import _core
-
-        return _core
+        # Not ``from runtime import _core``: that asks this module's __getattr__ first.
+        return importlib.import_module("runtime._core")
     spec = importlib.util.spec_from_file_location("runtime._core", override)
     if spec is None or spec.loader is None:
         raise ImportError(f"TESSERA_RUNTIME_EXTENSION={override} is not a loadable extension module")
@@ -41,13 +43,29 @@ def _load_core() -> ModuleType:
     return module
 
 
-_core = _load_core()
+def _extension() -> ModuleType:
+    """The C++ extension, loaded the first time anything asks for it."""
+    core = globals().get("_core")
+    if core is None:
+        core = _load_core()
+        globals()["_core"] = core
+    return core
+
+
 if TYPE_CHECKING:
+    from runtime import _core as _core
     from runtime._core import FSM, Action, Program
 else:
-    FSM = _core.FSM
-    Program = _core.Program
-    Action = _core.Action
+
+    def __getattr__(name: str) -> object:
+        # The extension and the names it provides, loaded when first asked for.
+        if name == "_core":
+            return _extension()
+        if name in ("FSM", "Program", "Action"):
+            value = getattr(_extension(), name)
+            globals()[name] = value
+            return value
+        raise AttributeError(f"module 'runtime' has no attribute '{name}'")
 
 
 def load_plan(source: str | os.PathLike[str] | bytes | bytearray | memoryview, rank: int, signature: bytes | None = None) -> Program:
@@ -65,7 +83,7 @@ def load_plan(source: str | os.PathLike[str] | bytes | bytearray | memoryview, r
             data = path.read_bytes()
         except OSError as err:
             raise PlanError(f"cannot read plan '{path}': {err.strerror}", "unreadable") from None
-    program: Program = _core.load_program(data, rank, signature)
+    program: Program = _extension().load_program(data, rank, signature)
     return program
 
 

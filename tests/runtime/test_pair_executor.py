@@ -112,3 +112,26 @@ def test_a_small_pair_really_runs_on_two_gloo_processes():
             assert first.task_end_mean_us[t.name] > first.task_end_mean_us[d]
     assert second.repeats == 2 and second.median_us > 0
     assert "gloo" in first.device and "gloo" in first.method
+
+
+def test_the_executor_imports_without_the_runtime_extension():
+    # A GPU host that only measures pairs need not build runtime._core: importing the executor
+    # loads no extension; the FSM names load it when first used.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, runtime.pair_executor\n"
+        "assert 'runtime._core' not in sys.modules, 'the executor loaded the extension'\n"
+        "import runtime\n"
+        "assert runtime.FSM is runtime._core.FSM and 'runtime._core' in sys.modules\n"
+        "assert runtime.Program is runtime._core.Program\n"
+        "try:\n"
+        "    runtime.no_such_name\n"
+        "except AttributeError as err:\n"
+        "    assert 'no_such_name' in str(err)\n"
+        "else:\n"
+        "    raise AssertionError('an unknown name resolved')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
