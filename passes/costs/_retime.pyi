@@ -10,6 +10,7 @@ def retime(
     sm_util: Sequence[float],
     mem_util: Sequence[float],
     bandwidth_share: Sequence[float],
+    gbps: Sequence[float],
     sm_share_lost: float,
     comm_hbm_share: float,
     comm_slowdown_per_compute: float,
@@ -18,4 +19,5 @@ def retime(
     comm_wait_beside_compute_us: float,
     latency_bound_comm: bool,
     comm_latency_slowdown_per_compute: float,
+    comm_gbps_beside_compute: float,
 ) -> tuple[list[float], list[float], list[int], list[int], list[int]]: ...

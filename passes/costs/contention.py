@@ -65,6 +65,15 @@ All-to-All's median duration was the GEMM's length plus its own up to about a ti
 and beside a chain of 60 µs GEMMs about the chain's length: it does not get a core between the
 chain's tasks. At ``b = 1`` the rates and the wait are the ones above.
 
+On a GPU a transfer kernel shares the SMs with the compute kernels beside it, and there it moves
+at most ``comm_gbps_beside_compute`` GB/s (0: no such cap): a comm task whose bytes move faster
+than that alone (``ContendedTask.gbps``, its bytes over its isolated duration) progresses at no
+more than ``comm_gbps_beside_compute / gbps`` while compute runs. Measured on an H200 with a
+transfer kernel of 20 blocks (``bench/bench_cost_model_gpu.py``): inside the pairs of an EP8 plan
+a 320 GB/s transfer took 1.6x its lone time whatever the compute kernel beside it, a 56 GB/s one
+(EP32) 1.00x; the model without the cap predicted the EP8 pairs 16% short on their tasks' own
+measured times, and with it 3-5% (the cap read from one run's pairs, checked on another's).
+
 A dependency that crosses streams costs ``cross_stream_sync_us`` before the
 waiting task may start (a CUDA stream waiting on an event: a few µs, left at 0
 for GPUs; a CPU thread woken by another: tens to hundreds of µs, calibrated).
@@ -122,6 +131,8 @@ class ContentionParams:
     # task causes scales with its bandwidth share, and its own latency part stretches at this rate.
     latency_bound_comm: bool = False
     comm_latency_slowdown_per_compute: float = 0.0
+    # GB/s a transfer keeps while a compute kernel runs beside it (GPUs; 0: no cap)
+    comm_gbps_beside_compute: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("sm_share_lost", "comm_hbm_share"):
@@ -130,7 +141,7 @@ class ContentionParams:
                 raise ContentionError(f"contention parameter {name} = {value} must lie in [0, 1)")
         for name in (
             "comm_slowdown_per_compute", "comm_slowdown_per_memory", "cross_stream_sync_us", "comm_wait_beside_compute_us",
-            "comm_latency_slowdown_per_compute",
+            "comm_latency_slowdown_per_compute", "comm_gbps_beside_compute",
         ):
             if getattr(self, name) < 0.0:
                 raise ContentionError(f"contention parameter {name} = {getattr(self, name)} must be >= 0")
@@ -161,6 +172,7 @@ class ContentionParams:
             comm_wait_beside_compute_us=float(block.get("comm_wait_beside_compute_us", 0.0)),
             latency_bound_comm=bool(block.get("latency_bound_comm", False)),
             comm_latency_slowdown_per_compute=float(block.get("comm_latency_slowdown_per_compute", 0.0)),
+            comm_gbps_beside_compute=float(block.get("comm_gbps_beside_compute", 0.0)),
         )
 
 
@@ -176,6 +188,7 @@ class ContendedTask:
     sm_util: float = 1.0  # compute tasks: SM utilisation when alone
     mem_util: float = 0.0  # compute tasks: memory-bandwidth utilisation when alone
     bandwidth_share: float = 1.0  # comm tasks: the share of the isolated duration spent moving bytes
+    gbps: float = 0.0  # comm tasks: GB/s its bytes move at alone (bytes over the isolated duration)
 
 
 @dataclass(frozen=True)
@@ -198,6 +211,14 @@ def compute_rate(task: ContendedTask, params: ContentionParams, share: float = 1
         rate = min(rate, (1.0 - params.sm_share_lost * share) / task.sm_util)
     if task.mem_util > 0:
         rate = min(rate, (1.0 - params.comm_hbm_share * share) / task.mem_util)
+    return rate
+
+
+def capped(rate: float, task: ContendedTask, params: ContentionParams) -> float:
+    """A comm task's ``rate`` beside compute, held to ``comm_gbps_beside_compute`` (module docstring)."""
+    cap = params.comm_gbps_beside_compute
+    if cap > 0.0 and task.gbps > cap:
+        return min(rate, cap / task.gbps)
     return rate
 
 
@@ -244,9 +265,10 @@ def retime(tasks: Sequence[ContendedTask], params: ContentionParams) -> RetimedP
     start, finish, started, finished, stuck = _retime.retime(
         [t.duration for t in tasks], [0 if t.resource == COMPUTE else 1 for t in tasks], [t.order for t in tasks],
         [[index[d] for d in t.deps] for t in tasks], [t.sm_util for t in tasks], [t.mem_util for t in tasks],
-        [t.bandwidth_share for t in tasks], params.sm_share_lost, params.comm_hbm_share,
+        [t.bandwidth_share for t in tasks], [t.gbps for t in tasks], params.sm_share_lost, params.comm_hbm_share,
         params.comm_slowdown_per_compute, params.comm_slowdown_per_memory, params.cross_stream_sync_us,
         params.comm_wait_beside_compute_us, params.latency_bound_comm, params.comm_latency_slowdown_per_compute,
+        params.comm_gbps_beside_compute,
     )
     if stuck:
         raise _deadlock([tasks[i].name for i in stuck])
@@ -339,9 +361,10 @@ def retime_reference(tasks: Sequence[ContendedTask], params: ContentionParams) -
             elif latency_bound:  # the rates depend on the comm task too
                 share = tasks[comm].bandwidth_share
                 rate_compute, rate_comm = compute_rate(tasks[comp], params, share), comm_rate(tasks[comp], params, share)
+                rate_comm = capped(rate_comm, tasks[comm], params)
             else:
                 rate_compute = compute_rates[comp]
-                rate_comm = comm_rates[comp]
+                rate_comm = capped(comm_rates[comp], tasks[comm], params)
         elif comm >= 0:
             wait[comm] = min(wait[comm], wait_kept[comm])  # alone: the comm thread has a core now
         if comp >= 0:

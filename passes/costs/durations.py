@@ -17,7 +17,8 @@ class over five runs, against 0.76-0.94 with the line ``launch + flops / peak``)
   ``rows_per_expert`` (small groups run far below peak);
 - its core kernel, when the frontend recorded one (``core_flops``, ``core_bytes``
   attributes: attention, the delta-rule recurrence, the scan, the loss), at
-  ``core_efficiency[op]``.
+  ``core_efficiency[op]``, or in a data-gradient task at ``core_backward_efficiency[op]`` where the
+  hardware gives one (a recomputed forward core inside the dgrad is priced at that rate too).
 
 A task without a core share is one part at ``efficiency[op]`` (hand-written IR).
 
@@ -34,7 +35,7 @@ computation overlap is decided by the pair schedule and the contention model.
 from __future__ import annotations
 
 from passes.costs.hardware import Hardware, a2a_transfer_s
-from tessera_ir.kinds import Resource, TaskOp
+from tessera_ir.kinds import Phase, Resource, TaskOp
 from tessera_ir.model import Task
 from tessera_ir.parallel import ParallelConfig
 
@@ -75,7 +76,10 @@ def roofline_parts(task: Task, hw: Hardware, parallel: ParallelConfig) -> list[t
     gemm_flops, gemm_bytes = max(0, task.flops - core_flops), max(0, task.bytes - core_bytes)
     groups = [(gemm_flops, gemm_eff, gemm_bytes)]
     if core_flops or core_bytes:
-        groups.append((core_flops, hw.core_efficiency.get(op, hw.efficiency.get(op, DEFAULT_EFFICIENCY)), core_bytes))
+        core_eff = hw.core_efficiency.get(op, hw.efficiency.get(op, DEFAULT_EFFICIENCY))
+        if task.phase is Phase.DGRAD:
+            core_eff = hw.core_backward_efficiency.get(op, core_eff)
+        groups.append((core_flops, core_eff, core_bytes))
     parts = []
     for flops, eff, nbytes in groups:
         arithmetic = flops / (peak * eff)

@@ -13,7 +13,10 @@ A description is a JSON file (``passes/costs/hardware_specs/<name>.json`` for th
 - compute efficiency: ``efficiency`` per task op is the achieved fraction of peak of the op's
   GEMM kernels (its projections, or the whole task when it records no core share);
   ``core_efficiency`` per op that of its core kernel (attention, the delta rule, the scan, the
-  loss; default: the op's ``efficiency``); ``expert_gemm_efficiency`` the grouped expert GEMMs'
+  loss; default: the op's ``efficiency``); ``core_backward_efficiency`` per op that of the core's
+  backward kernels, priced on the data-gradient task's core FLOPs (measured backward kernels
+  reach less of peak than their forwards: FlashAttention's and the chunked delta rule's
+  recompute and run more, smaller products; default: ``core_efficiency``); ``expert_gemm_efficiency`` the grouped expert GEMMs'
   efficiency as a function of the rows each local expert receives (points
   ``rows_per_expert`` → ``efficiency``, interpolated in log2 of the rows, held flat beyond the
   last point and falling in proportion to the rows below the first);
@@ -73,6 +76,8 @@ class Hardware:
     kernel_launch_us: float
     efficiency: dict[str, float]
     core_efficiency: dict[str, float] = field(default_factory=dict)
+    # The core's backward kernels, per op (on the dgrad task's core share); empty: core_efficiency
+    core_backward_efficiency: dict[str, float] = field(default_factory=dict)
     # (rows per local expert, efficiency), rows increasing; empty: efficiency["expert_gemm"]
     expert_gemm_curve: tuple[tuple[float, float], ...] = ()
     # GB/s at which a GEMM packs its operands, per dtype; empty: packing overlaps the arithmetic
@@ -157,7 +162,8 @@ _REQUIRED = [
     "a2a_latency_us", "total_sms", "comm_sms", "kernel_launch_us", "efficiency",
 ]
 _OPTIONAL = (
-    "description", "source", "core_efficiency", "expert_gemm_efficiency", "all_to_all", "gemm_packing_gbps",
+    "description", "source", "core_efficiency", "core_backward_efficiency", "expert_gemm_efficiency", "all_to_all",
+    "gemm_packing_gbps",
 )
 
 
@@ -246,6 +252,7 @@ def load_hardware(name_or_file: str | Path) -> Hardware:
     return Hardware(
         **known,
         core_efficiency=_number_map(data.get("core_efficiency", {}), path, "core_efficiency"),
+        core_backward_efficiency=_number_map(data.get("core_backward_efficiency", {}), path, "core_backward_efficiency"),
         expert_gemm_curve=_curve(data.get("expert_gemm_efficiency"), path),
         gemm_packing_gbps=_number_map(data.get("gemm_packing_gbps", {}), path, "gemm_packing_gbps", "dtypes"),
         all_to_all=_all_to_all(data.get("all_to_all", {}), path),

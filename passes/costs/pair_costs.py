@@ -32,13 +32,17 @@ def contended_tasks(
     utilisation: Callable[[Task], tuple[float, float]],
     bandwidth_share: Callable[[Task], float] | None = None,
 ) -> list[ContendedTask]:
-    """The contention model's view of a scheduled pair: isolated durations and utilisations (and
-    with ``bandwidth_share``, each comm task's share of its duration spent moving bytes)."""
+    """The contention model's view of a scheduled pair: isolated durations and utilisations, each
+    comm task's rate alone (its bytes over its duration, which a hardware's cap beside compute
+    reads), and with ``bandwidth_share`` each comm task's share of its duration spent moving bytes."""
     out = []
     for s in items:
         sm, mem = utilisation(s.task)
-        share = bandwidth_share(s.task) if bandwidth_share is not None and s.stream == "comm" else 1.0
-        out.append(ContendedTask(s.task.name, s.stream, duration(s.task), s.order, s.deps, sm, mem, share))
+        d = duration(s.task)
+        comm = s.stream == "comm"
+        share = bandwidth_share(s.task) if bandwidth_share is not None and comm else 1.0
+        gbps = s.task.bytes / (d * 1e3) if comm and d > 0 else 0.0
+        out.append(ContendedTask(s.task.name, s.stream, d, s.order, s.deps, sm, mem, share, gbps))
     return out
 
 
@@ -53,7 +57,7 @@ def retime_key(tasks: list[ContendedTask]) -> tuple | None:
     if len(position) != len(tasks) or any(d not in position for t in tasks for d in t.deps):
         return None
     return tuple(
-        (t.resource, t.duration, t.order, t.sm_util, t.mem_util, t.bandwidth_share, tuple(position[d] for d in t.deps))
+        (t.resource, t.duration, t.order, t.sm_util, t.mem_util, t.bandwidth_share, t.gbps, tuple(position[d] for d in t.deps))
         for t in tasks
     )
 

@@ -19,11 +19,19 @@ struct Params {
   double sm_share_lost, comm_hbm_share, comm_slowdown_per_compute, comm_slowdown_per_memory;
   double cross_stream_sync_us, comm_wait_beside_compute_us, comm_latency_slowdown_per_compute;
   bool latency_bound_comm;
+  double comm_gbps_beside_compute;
 };
 
 struct Task {
-  double sm_util, mem_util, bandwidth_share;
+  double sm_util, mem_util, bandwidth_share, gbps;
 };
+
+// contention.capped
+double capped(double rate, const Task& t, const Params& p) {
+  const double cap = p.comm_gbps_beside_compute;
+  if (cap > 0.0 && t.gbps > cap) return std::min(rate, cap / t.gbps);
+  return rate;
+}
 
 // contention.compute_rate
 double compute_rate(const Task& t, const Params& p, double share) {
@@ -46,16 +54,17 @@ using Result = std::tuple<std::vector<double>, std::vector<double>, std::vector<
 
 Result retime(const std::vector<double>& duration, const std::vector<int>& stream, const std::vector<long long>& order,
               const std::vector<std::vector<int>>& deps_of, const std::vector<double>& sm_util,
-              const std::vector<double>& mem_util, const std::vector<double>& bandwidth_share, const Params& p) {
+              const std::vector<double>& mem_util, const std::vector<double>& bandwidth_share,
+              const std::vector<double>& gbps, const Params& p) {
   const size_t n = duration.size();
   if (stream.size() != n || order.size() != n || deps_of.size() != n || sm_util.size() != n || mem_util.size() != n ||
-      bandwidth_share.size() != n)
+      bandwidth_share.size() != n || gbps.size() != n)
     throw std::invalid_argument("every per-task list must have one entry per task");
   std::vector<Task> tasks(n);
   std::vector<int> streams[2];
   for (size_t i = 0; i < n; ++i) {
     if (stream[i] != 0 && stream[i] != 1) throw std::invalid_argument("a stream is 0 (compute) or 1 (comm)");
-    tasks[i] = Task{sm_util[i], mem_util[i], bandwidth_share[i]};
+    tasks[i] = Task{sm_util[i], mem_util[i], bandwidth_share[i], gbps[i]};
     streams[stream[i]].push_back(int(i));
     for (int d : deps_of[i])
       if (d < 0 || size_t(d) >= n) throw std::invalid_argument("a dependency names no task of the schedule");
@@ -147,9 +156,10 @@ Result retime(const std::vector<double>& duration, const std::vector<int>& strea
         double share = tasks[size_t(comm)].bandwidth_share;
         rate_compute = compute_rate(tasks[size_t(comp)], p, share);
         rate_comm = comm_rate(tasks[size_t(comp)], p, share);
+        rate_comm = capped(rate_comm, tasks[size_t(comm)], p);
       } else {
         rate_compute = compute_rates[size_t(comp)];
-        rate_comm = comm_rates[size_t(comp)];
+        rate_comm = capped(comm_rates[size_t(comp)], tasks[size_t(comm)], p);
       }
     } else if (comm >= 0) {
       wait[size_t(comm)] = std::min(wait[size_t(comm)], wait_kept[size_t(comm)]);
@@ -193,15 +203,17 @@ PYBIND11_MODULE(_retime, m) {
       "retime",
       [](const std::vector<double>& duration, const std::vector<int>& stream, const std::vector<long long>& order,
          const std::vector<std::vector<int>>& deps, const std::vector<double>& sm_util,
-         const std::vector<double>& mem_util, const std::vector<double>& bandwidth_share, double sm_share_lost,
-         double comm_hbm_share, double comm_slowdown_per_compute, double comm_slowdown_per_memory,
-         double cross_stream_sync_us, double comm_wait_beside_compute_us, bool latency_bound_comm,
-         double comm_latency_slowdown_per_compute) {
+         const std::vector<double>& mem_util, const std::vector<double>& bandwidth_share,
+         const std::vector<double>& gbps, double sm_share_lost, double comm_hbm_share,
+         double comm_slowdown_per_compute, double comm_slowdown_per_memory, double cross_stream_sync_us,
+         double comm_wait_beside_compute_us, bool latency_bound_comm, double comm_latency_slowdown_per_compute,
+         double comm_gbps_beside_compute) {
         Params p{sm_share_lost,        comm_hbm_share,
                  comm_slowdown_per_compute, comm_slowdown_per_memory,
                  cross_stream_sync_us, comm_wait_beside_compute_us,
-                 comm_latency_slowdown_per_compute, latency_bound_comm};
-        return retime(duration, stream, order, deps, sm_util, mem_util, bandwidth_share, p);
+                 comm_latency_slowdown_per_compute, latency_bound_comm,
+                 comm_gbps_beside_compute};
+        return retime(duration, stream, order, deps, sm_util, mem_util, bandwidth_share, gbps, p);
       },
       "(start, finish, started, finished, stuck) of a schedule under the contention model; stuck names the "
       "stream heads when the stream order deadlocks");

@@ -60,6 +60,39 @@ def test_comm_beside_compute_stretches_compute_by_the_sm_share():
     assert r.makespan == pytest.approx(1000.0)
 
 
+def test_a_transfer_beside_compute_keeps_at_most_the_hardwares_bandwidth():
+    # A GPU transfer shares the SMs with the compute kernel beside it and there moves at most
+    # comm_gbps_beside_compute (h200: measured 150 GB/s with a 20-block transfer kernel).
+    h200 = ContentionParams.from_hardware(load_hardware("h200"), ep=8)
+    assert h200.comm_gbps_beside_compute == 150.0 and PARAMS.comm_gbps_beside_compute == 0.0
+    params = ContentionParams(0.0, 0.0, 0.0, 0.0, comm_gbps_beside_compute=150.0)
+    fast = ContendedTask("a", "comm", 100.0, 0, (), 0.0, 0.0, 1.0, 300.0)  # 300 GB/s alone: half speed beside compute
+    slow = ContendedTask("b", "comm", 100.0, 0, (), 0.0, 0.0, 1.0, 100.0)  # below the cap: unchanged
+    long_compute = compute("c", 1000.0, 0)
+    assert retime([long_compute, fast], params).finish["a"] == pytest.approx(200.0)
+    assert retime([long_compute, slow], params).finish["b"] == pytest.approx(100.0)
+    # Once compute ends the transfer runs at its own rate again: 50 us at half speed, then 75 alone.
+    short = compute("c", 50.0, 0)
+    assert retime([short, fast], params).finish["a"] == pytest.approx(50.0 + 75.0)
+    # Alone, or with no cap, a transfer takes its isolated time.
+    assert retime([fast], params).finish["a"] == pytest.approx(100.0)
+    assert retime([long_compute, fast], ContentionParams(0.0, 0.0, 0.0, 0.0)).finish["a"] == pytest.approx(100.0)
+    with pytest.raises(ContentionError, match="comm_gbps_beside_compute"):
+        ContentionParams(0.0, 0.0, 0.0, 0.0, comm_gbps_beside_compute=-1.0)
+
+
+def test_a_comm_tasks_rate_alone_is_its_bytes_over_its_duration():
+    from passes.costs.pair_costs import ScheduledTask, contended_tasks
+    from tessera_ir.kinds import Phase, Resource, TaskOp
+    from tessera_ir.model import Task
+
+    dispatch = Task("l0.dispatch.fwd", TaskOp.DISPATCH, Phase.FWD, Resource.COMM, bytes=146_800_640)
+    gemm = Task("l0.expert_gemm.fwd", TaskOp.EXPERT_GEMM, Phase.FWD, Resource.COMPUTE, flops=10**12, bytes=10**9)
+    items = [ScheduledTask(dispatch, "comm", 0, ()), ScheduledTask(gemm, "compute", 0, ())]
+    got = contended_tasks(items, lambda t: 460.0 if t is dispatch else 500.0, lambda t: (1.0, 0.0))
+    assert got[0].gbps == pytest.approx(146_800_640 / 460e3) and got[1].gbps == 0.0
+
+
 def test_memory_bound_neighbour_slows_comm_and_loses_bandwidth():
     tasks = [compute("copy", 100.0, 0, sm=0.1, mem=1.0), comm("a2a", 1000.0, 0)]
     r = retime(tasks, PARAMS)

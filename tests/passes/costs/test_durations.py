@@ -86,6 +86,28 @@ def test_gemm_and_core_parts_are_priced_with_their_own_efficiency():
     assert task_utilisation(split, H100, p) == pytest.approx((1.0, (8e7 / hbm + 2e7 / hbm) / (gemm + core)))
 
 
+def test_a_data_gradient_core_runs_at_the_backward_efficiency():
+    # The backward kernels of a core reach less of peak than the forward (measured on an H200:
+    # SDPA's backward 0.36-0.40 on 2.5x the forward FLOPs, the chunked delta rule's 0.06); the
+    # projection GEMMs of the same task keep the GEMM efficiency, and forward tasks the forward one.
+    h200 = load_hardware("h200")
+    p = ParallelConfig()
+    peak, hbm = h200.peak_flops("bf16"), h200.hbm_gbps * 1e9
+    attrs = {"core_flops": 4 * 10**11, "core_bytes": 2 * 10**7}
+    fwd = Task("l0.attention.fwd", TaskOp.ATTENTION, Phase.FWD, Resource.COMPUTE, flops=10**12, bytes=10**8, attrs=dict(attrs))
+    dgrad = replace(fwd, name="l0.attention.dgrad", phase=Phase.DGRAD, attrs=dict(attrs))
+    gemm = max(6e11 / (peak * h200.efficiency["attention"]), 8e7 / hbm)
+    core = {e: max(4e11 / (peak * e), 2e7 / hbm) for e in (h200.core_efficiency["attention"], h200.core_backward_efficiency["attention"])}
+    launch = h200.kernel_launch_us
+    assert analytic_duration_us(fwd, h200, p) == pytest.approx(launch + (gemm + core[h200.core_efficiency["attention"]]) * 1e6)
+    assert analytic_duration_us(dgrad, h200, p) == pytest.approx(
+        launch + (gemm + core[h200.core_backward_efficiency["attention"]]) * 1e6)
+    # Without a backward figure (the h100 file), the dgrad's core runs at the forward efficiency.
+    assert H100.core_backward_efficiency == {}
+    assert analytic_duration_us(replace(dgrad, attrs=dict(attrs)), H100, p) == pytest.approx(
+        analytic_duration_us(replace(fwd, attrs=dict(attrs)), H100, p))
+
+
 def test_expert_gemm_efficiency_follows_the_rows_per_expert():
     curve = dict(H100.expert_gemm_curve)
     assert H100.expert_efficiency(1024) == pytest.approx(curve[1024])
@@ -127,6 +149,7 @@ def test_a_cpu_gemm_adds_its_operand_packing_to_its_arithmetic(tmp_path):
         ({"all_to_all": {"dedup_per_node": "yes"}}, "dedup_per_node must be true or false"),
         ({"expert_gemm_efficiency": {"rows_per_expert": [256, 128], "efficiency": [0.4, 0.5]}}, "strictly increasing"),
         ({"core_efficiency": {"attention": -1}}, "positive numbers"),
+        ({"core_backward_efficiency": {"attention": 0}}, "'core_backward_efficiency' must map task ops to positive numbers"),
         ({"gemm_packing_gbps": {"fp32": 0}}, "'gemm_packing_gbps' must map dtypes to positive numbers"),
     ],
 )

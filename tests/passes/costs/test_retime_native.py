@@ -31,6 +31,7 @@ def random_params(rng: random.Random) -> ContentionParams:
         cross_stream_sync_us=rng.choice([0.0, rng.uniform(0.0, 30.0)]),
         comm_wait_beside_compute_us=rng.choice([0.0, rng.uniform(0.0, 500.0)]),
         latency_bound_comm=rng.random() < 0.5, comm_latency_slowdown_per_compute=rng.uniform(0.0, 4.0),
+        comm_gbps_beside_compute=rng.choice([0.0, rng.uniform(1.0, 400.0)]),
     )
 
 
@@ -47,7 +48,8 @@ def random_tasks(rng: random.Random, acyclic: bool) -> list[ContendedTask]:
         duration = rng.choice([0.0, float(rng.randint(1, 50)), rng.uniform(0.0, 5000.0), rng.expovariate(0.01)])
         sm = rng.choice([1.0, rng.uniform(0.0, 1.0), 0.0])
         mem = rng.choice([0.0, 1.0 - sm, rng.uniform(0.0, 1.0)])
-        tasks.append(ContendedTask(f"t{i}", resources[i], duration, orders[i], deps, sm, mem, rng.uniform(0.0, 1.0)))
+        gbps = rng.choice([0.0, rng.uniform(0.0, 600.0)]) if resources[i] == "comm" else 0.0
+        tasks.append(ContendedTask(f"t{i}", resources[i], duration, orders[i], deps, sm, mem, rng.uniform(0.0, 1.0), gbps))
     return tasks
 
 
