@@ -91,6 +91,9 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_compile_time.py
 	$(BIN)/python bench/bench_partition.py
 	$(BIN)/python bench/bench_cost_model.py
+	# The GPU measurement is taken on a GPU (see the script); here its committed readings are reported.
+	$(BIN)/python bench/bench_cost_model_gpu.py report --plan bench/results/gpu/plan_qwen3_next_h200.json.gz \
+	  --measured bench/results/gpu/measured_h200_run2.json.gz --hardware h200
 	$(BIN)/python bench/bench_runtime.py
 
 clean:

@@ -499,7 +499,7 @@ def main() -> int:
         f"mark on this CPU (contention, normalised): <= 10% mean, <= 25% p95 -> "
         f"{'met' if met else 'NOT met'} ({overall['contention_mean_error']:.1%}, {overall['contention_p95_error']:.1%})"
     )
-    print("(published on H100/H200: ~5% mean, up to 15% tail; not measured here: no GPU was available)")
+    print("(published on H100/H200: ~5% mean, up to 15% tail; bench/bench_cost_model_gpu.py measures that on a GPU)")
     load_after = os.getloadavg()[0]
     print(f"machine load (1-min average) {load_before:.1f} before, {load_after:.1f} after, on {os.cpu_count()} cores")
     elapsed = time.perf_counter() - t0
