@@ -65,6 +65,7 @@ import random
 import statistics
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -371,7 +372,11 @@ class PacedCopy:
         ns = duration_us * 1e3 / per_block
         blocks = min(self.blocks, chunks)
         if self._cupy is not None:
-            with self._cupy.cuda.ExternalStream(stream.cuda_stream):
+            # CuPy 14 deprecates ExternalStream for a protocol torch's streams may not offer; it still works.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                external = self._cupy.cuda.ExternalStream(stream.cuda_stream)
+            with external:
                 self._kernel((blocks,), (PACED_THREADS,), (
                     np.uint64(src.data_ptr()), np.uint64(dst.data_ptr()), np.int32(n_vec), np.int32(chunk),
                     np.float64(ns)))
