@@ -216,7 +216,6 @@ def model_config(source: str) -> dict[str, Any]:
 def prepare_setting(source: str, ep: int, seq_len: int, sample: int, hardware: str, seed: int,
                     config: dict[str, Any], pp: int, vpp: int) -> dict[str, Any]:
     from passes.costs.contention import ContentionParams, retime
-    from passes.costs.durations import task_utilisation
     from passes.costs.hardware import load_hardware
     from passes.costs.pair_costs import contended_tasks
     from passes.plan_view import PlanView
@@ -246,8 +245,7 @@ def prepare_setting(source: str, ep: int, seq_len: int, sample: int, hardware: s
                 "ir": {"flops": task.flops, "bytes": task.bytes, "shapes": task.shapes,
                        "attrs": {k: v for k, v in task.attrs.items() if k in PRICED_ATTRS}},
             }
-            sm, mem = task_utilisation(task, hw, parallel)
-            entry["sm_util"], entry["mem_util"] = sm, mem
+            entry["sm_util"], entry["mem_util"] = view.utilisation(task)
             if s.stream == "comm":
                 entry["parts"] = [{"kind": "comm", "bytes": int(task.bytes), "us": entry["analytic_us"]}]
             else:
@@ -633,22 +631,17 @@ def _gdn_stand_in(part: dict[str, Any]) -> dict[str, Any]:
 
 def _issue_order(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Tasks in an order that respects both streams' orders and the dependencies (the host
-    issues them so: waiting on an event not yet recorded is no wait at all)."""
-    streams = {s: sorted((t for t in tasks if t["stream"] == s), key=lambda t: t["order"]) for s in ("compute", "comm")}
-    pos = dict.fromkeys(streams, 0)
-    done: set[str] = set()
-    out: list[dict[str, Any]] = []
-    while len(out) < len(tasks):
-        progressed = False
-        for s, seq in streams.items():
-            while pos[s] < len(seq) and all(d in done for d in seq[pos[s]]["deps"]):
-                out.append(seq[pos[s]])
-                done.add(seq[pos[s]]["name"])
-                pos[s] += 1
-                progressed = True
-        if not progressed:
-            raise ValueError("the pair's stream orders and dependencies deadlock")
-    return out
+    issues them so: waiting on an event not yet recorded is no wait at all): the runtime pair
+    executor's order, after its deadlock check."""
+    from runtime.pair_executor import ExecTask, PairExecutionError, topological_issue_order, validate_pair
+
+    execs = [ExecTask(t["name"], t.get("kind", ""), t["stream"], t["order"], tuple(t["deps"])) for t in tasks]
+    try:
+        validate_pair(execs)
+    except PairExecutionError as err:
+        raise ValueError(f"the pair cannot be issued: {err}") from None
+    by_name = {t["name"]: t for t in tasks}
+    return [by_name[e.name] for e in topological_issue_order(execs)]
 
 
 def task_key(task: dict[str, Any]) -> str:
@@ -1041,13 +1034,13 @@ def retimed(pair: dict[str, Any], durations: dict[str, float], contention: dict[
     """The pair's schedule re-timed by the contention model on ``durations`` (by task name), with
     the utilisations the plan recorded or ``utilisation``'s."""
     from passes.costs.contention import ContendedTask, ContentionParams, retime
+    from passes.costs.pair_costs import transfer_gbps
 
     def util(t: dict[str, Any]) -> tuple[float, float]:
         return utilisation[t["name"]] if utilisation is not None else (t["sm_util"], t["mem_util"])
 
-    def gbps(t: dict[str, Any]) -> float:  # a transfer's rate alone, as pair_costs.contended_tasks reads it
-        d = durations[t["name"]]
-        return t["parts"][0]["bytes"] / (d * 1e3) if t["stream"] == "comm" and d > 0 else 0.0
+    def gbps(t: dict[str, Any]) -> float:
+        return transfer_gbps(t["parts"][0]["bytes"], durations[t["name"]]) if t["stream"] == "comm" else 0.0
 
     tasks = [ContendedTask(t["name"], t["stream"], durations[t["name"]], t["order"], tuple(t["deps"]), *util(t), 1.0, gbps(t))
              for t in pair["tasks"]]

@@ -71,8 +71,9 @@ than that alone (``ContendedTask.gbps``, its bytes over its isolated duration) p
 more than ``comm_gbps_beside_compute / gbps`` while compute runs. Measured on an H200 with a
 transfer kernel of 20 blocks (``bench/bench_cost_model_gpu.py``): inside the pairs of an EP8 plan
 a 320 GB/s transfer took 1.6x its lone time whatever the compute kernel beside it, a 56 GB/s one
-(EP32) 1.00x; the model without the cap predicted the EP8 pairs 16% short on their tasks' own
-measured times, and with it 3-5% (the cap read from one run's pairs, checked on another's).
+(EP32) 1.00x; on their tasks' own measured times the model without the cap predicted the EP8 4K
+pairs 16-20% short (mean over two runs' pairs), with it 4.1-4.4% off (the cap read from one run's
+pairs, checked on another's).
 
 A dependency that crosses streams costs ``cross_stream_sync_us`` before the
 waiting task may start (a CUDA stream waiting on an event: a few µs, left at 0

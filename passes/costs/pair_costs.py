@@ -26,6 +26,12 @@ class ScheduledTask:
     deps: tuple[str, ...]  # predecessors inside the pair
 
 
+def transfer_gbps(nbytes: float, duration_us: float) -> float:
+    """GB/s a transfer of ``nbytes`` moves at over its isolated ``duration_us`` (what
+    ``contention.comm_gbps_beside_compute`` caps); 0 for a transfer of no duration."""
+    return nbytes / (duration_us * 1e3) if duration_us > 0 else 0.0
+
+
 def contended_tasks(
     items: list[ScheduledTask],
     duration: Callable[[Task], float],
@@ -41,7 +47,7 @@ def contended_tasks(
         d = duration(s.task)
         comm = s.stream == "comm"
         share = bandwidth_share(s.task) if bandwidth_share is not None and comm else 1.0
-        gbps = s.task.bytes / (d * 1e3) if comm and d > 0 else 0.0
+        gbps = transfer_gbps(s.task.bytes, d) if comm else 0.0
         out.append(ContendedTask(s.task.name, s.stream, d, s.order, s.deps, sm, mem, share, gbps))
     return out
 
