@@ -94,6 +94,8 @@ bench: $(STAMP)
 	# The GPU measurement is taken on a GPU (see the script); here its committed readings are reported.
 	$(BIN)/python bench/bench_cost_model_gpu.py report --plan bench/results/gpu/plan_qwen3_next_h200.json.gz \
 	  --measured bench/results/gpu/measured_h200_run2.json.gz --hardware h200
+	$(BIN)/python bench/bench_cost_model_gpu.py report --plan bench/results/gpu/plan_qwen3_next_h200_run3.json.gz \
+	  --measured bench/results/gpu/measured_h200_run3.json.gz --out bench/results/cost_model_gpu_run3.json
 	$(BIN)/python bench/bench_runtime.py
 
 clean:
