@@ -863,8 +863,17 @@ def measure_pairs(gpu: Gpu, setting: dict[str, Any], repeats: int, deadline: flo
         if torch.cuda.memory_allocated() > MEMORY_SHARE * total:
             gpu.forget_parts()
         try:
-            calls = {t["name"]: gpu.make_task(t, torch.bfloat16) for t in pair["tasks"]}
-            samples, per_task, host_us = gpu.time_pair(pair["tasks"], calls, repeats, 1)
+            try:
+                calls = {t["name"]: gpu.make_task(t, torch.bfloat16) for t in pair["tasks"]}
+                samples, per_task, host_us = gpu.time_pair(pair["tasks"], calls, repeats, 1)
+            except torch.cuda.OutOfMemoryError:
+                # The buffers kept from earlier pairs (under MEMORY_SHARE) plus this pair's own
+                # can exceed the GPU where the pair alone fits (three 32K-token EP32 pairs of
+                # run 3): once more on an emptied GPU.
+                calls = {}
+                gpu.forget_parts()
+                calls = {t["name"]: gpu.make_task(t, torch.bfloat16) for t in pair["tasks"]}
+                samples, per_task, host_us = gpu.time_pair(pair["tasks"], calls, repeats, 1)
         except Exception as err:  # noqa: BLE001 - one pair failing (say out of memory) keeps the rest
             failures.append(f"{pair['pair']}: {type(err).__name__}: {err}")
             log(f"  {pair['pair']} failed: {type(err).__name__}: {str(err)[:200]}")

@@ -160,3 +160,52 @@ def test_the_report_compares_predictions_with_a_measurement(tmp_path, capsys):
     assert summary["lone_contention_error"]["mean"] == pytest.approx(0.2)
     assert all(math.isclose(r["error"], -0.2) for r in report["rows"])
     assert "not met" in capsys.readouterr().out
+
+
+class OneOutOfMemoryGpu:
+    """A stand-in for the bench's GPU on which the tasks ``fails`` names run out of memory while
+    earlier pairs' buffers are kept (as three 32K-token pairs did on an H200), or ``always``."""
+
+    def __init__(self, fails: set[str], always: bool = False) -> None:
+        import types
+
+        import torch
+
+        self.fails = fails
+        self.always = always
+        self.kept = 0
+        self.forgotten = 0
+        self.torch = types.SimpleNamespace(
+            bfloat16="bf16",
+            cuda=types.SimpleNamespace(
+                OutOfMemoryError=torch.cuda.OutOfMemoryError,
+                memory_allocated=lambda: 0,
+                get_device_properties=lambda _: types.SimpleNamespace(total_memory=1 << 30),
+            ),
+        )
+
+    def make_task(self, task: dict, dtype: str) -> object:
+        if task["name"] in self.fails and (self.kept or self.always):
+            raise self.torch.cuda.OutOfMemoryError("CUDA out of memory")
+        self.kept += 1
+        return object()
+
+    def forget_parts(self) -> None:
+        self.kept = 0
+        self.forgotten += 1
+
+    def time_pair(self, tasks: list, calls: dict, repeats: int, warmup: int) -> tuple:
+        return [10.0] * repeats, {t["name"]: [5.0] for t in tasks}, 1.0
+
+
+def test_a_pair_that_runs_out_of_memory_beside_kept_buffers_runs_again_on_an_emptied_gpu():
+    setting = {"setting": "s", "pairs": [{"pair": p, "tasks": [{"name": t}]} for p, t in (("pair.a", "a"), ("pair.b", "b"))]}
+    gpu = OneOutOfMemoryGpu({"b"})
+    rows = bench.measure_pairs(gpu, setting, 3, math.inf, lambda line: None)
+    assert [r["pair"] for r in rows] == ["pair.a", "pair.b"]
+    assert gpu.forgotten == 2  # before the retry, and at the end of the setting
+
+    lines: list[str] = []
+    gpu = OneOutOfMemoryGpu({"a", "b"}, always=True)  # out of memory even on an emptied GPU: failed, the rest goes on
+    rows = bench.measure_pairs(gpu, setting, 3, math.inf, lines.append)
+    assert rows == [] and sum("failed: OutOfMemoryError" in line for line in lines) == 2
