@@ -33,7 +33,7 @@ from tessera.compile_cache import (
     pipeline_cacheable,
     plan_key,
 )
-from tessera.driver import EXIT_USER_ERROR, Run, leave, run_tool, tool_parser
+from tessera.driver import EXIT_USER_ERROR, Run, run_executable, run_tool, tool_parser
 from tessera_ir.errors import TesseraError
 from tessera_ir.kinds import LayerRole
 from tessera_ir.model import Module
@@ -537,7 +537,7 @@ def compile_main(argv: Sequence[str] | None = None) -> int:
 
 def compile_command() -> NoReturn:
     """The ``tessera-compile`` executable."""
-    leave(compile_main())
+    run_executable(compile_main)
 
 
 # ---------------------------------------------------------------- tessera-opt
@@ -661,7 +661,7 @@ def opt_main(argv: Sequence[str] | None = None) -> int:
 
 def opt_command() -> NoReturn:
     """The ``tessera-opt`` executable."""
-    leave(opt_main())
+    run_executable(opt_main)
 
 
 # ---------------------------------------------------------------- tessera-dis

@@ -1,6 +1,7 @@
-"""The executables (``tessera-compile``, ``tessera-opt``) leave through ``tessera.driver.leave``:
-the same exit status, every byte of their output, the exit handlers run, and no interpreter
-teardown (which freed a large compile's heap object by object)."""
+"""The executables (``tessera-compile``, ``tessera-opt``) run through ``tessera.driver.run_executable``:
+the collector at the executables' thresholds, the same exit status, every byte of their output,
+the exit handlers run, and no interpreter teardown (which freed a large compile's heap object by
+object)."""
 
 from __future__ import annotations
 
@@ -47,3 +48,20 @@ def test_the_console_scripts_are_the_commands() -> None:
     scripts = tomllib.loads((TESTS.parent / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["tessera-compile"] == "tessera.cli:compile_command"
     assert scripts["tessera-opt"] == "tessera.cli:opt_command"
+
+
+def test_the_executables_collect_young_objects_only_and_in_process_callers_keep_theirs(capsys) -> None:
+    import gc
+
+    from tessera.cli import opt_main
+    from tessera.driver import EXECUTABLE_GC_THRESHOLDS
+
+    seen = "import atexit, gc; atexit.register(lambda: print('thresholds', gc.get_threshold()))"
+    done = executable("opt_command", str(PLAN), before=seen)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.endswith(f"thresholds {EXECUTABLE_GC_THRESHOLDS}\n")
+    assert EXECUTABLE_GC_THRESHOLDS[0] > gc.get_threshold()[0]  # a real change from the defaults
+    before = gc.get_threshold()
+    assert opt_main([str(PLAN)]) == 0  # what a test or an embedding caller does
+    assert capsys.readouterr().out == PLAN.read_text()
+    assert gc.get_threshold() == before
