@@ -97,6 +97,8 @@ def render_report(module: Module) -> str:
     """The report of ``module`` for its target hardware (the module's ``hardware`` attribute)."""
     view = PlanView(module)
     target = f"Target hardware: {view.hardware_name}" + (f" ({view.hardware.description})" if view.hardware.description else "")
+    if view.hardware.source:  # how far to trust the figures below: measured, or taken from elsewhere
+        target += f"\nFigures: {view.hardware.source}"
     sections = [_model_section(module, view.parallel) + "\n" + target, _time_section(view), _plan_section(view)]
     return "\n\n".join(s for s in sections if s)
 

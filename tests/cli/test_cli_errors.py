@@ -193,6 +193,16 @@ def test_hardware_flag_is_checked_first_and_written_on_the_module(tmp_path: Path
     assert 'hardware = "h100"' in printed.splitlines()[0]
 
 
+@pytest.mark.parametrize(("hardware", "says"), [("h100", "not measured by Tessera"), ("h200", "measured on one H200")])
+def test_the_report_says_where_the_target_figures_come_from(
+    hardware: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_compile(capsys, TINY, "--passes", "none", "--hardware", hardware, "--report")
+    assert code == 0, err
+    figures = out.split("\nFigures: ", 1)[1].splitlines()[0]
+    assert says in figures and "'sources'" in figures
+
+
 def test_a_hardware_file_given_by_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from passes.costs.hardware import HARDWARE_DIR
 
@@ -203,6 +213,12 @@ def test_a_hardware_file_given_by_path(tmp_path: Path, capsys: pytest.CaptureFix
     code, out, err = run_compile(capsys, TINY, "--passes", "none", "--hardware", str(path), "--report")
     assert code == 0, err
     assert f"Target hardware: {path}" in out and f"isolated kernels on {path}" in out
+    assert f"\nFigures: {spec['source']}\n" in out  # where the file's figures come from, as it says
+    spec["source"] = ""
+    path.write_text(json.dumps(spec))
+    code, out, err = run_compile(capsys, TINY, "--passes", "none", "--hardware", str(path), "--report")
+    assert code == 0, err
+    assert "Figures:" not in out  # a file that does not say is not given a line
     del spec["efficiency"]
     path.write_text(json.dumps(spec))
     code, _, err = run_compile(capsys, TINY, "--passes", "none", "--hardware", str(path), "--report")
