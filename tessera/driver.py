@@ -184,11 +184,13 @@ def run_tool(tool: str, parser: argparse.ArgumentParser, body: Body, argv: Seque
 
 
 # The collector's thresholds in an executable. Python's defaults (700, 10, 10) start a young
-# collection every 700 allocations and, every hundred of those, one of the whole heap. A compile
-# allocates millions of objects that live to the end (torch's and transformers' modules in the
-# capture's child, the pair DAGs, schedules and per-rank programs in the passes), so it walked
-# them again and again for garbage that is not there. Here a young collection comes every 100,000
-# allocations, so short-lived cycles are still freed, and one of the whole heap all but never.
+# collection every 700 net allocations of container objects, an older one every tenth of those,
+# and one of the whole heap every hundredth once the heap has grown by a quarter since the last.
+# A compile allocates millions of objects that live to the end (torch's and transformers' modules
+# in the capture's child, the pair DAGs, schedules and per-rank programs in the passes), so its
+# heap keeps growing and the collector walked it again and again for garbage that is not there.
+# Here a young collection comes every 100,000, so short-lived cycles are still freed, and one of
+# the whole heap only after 500 million.
 # Measured as whole processes, alternating with the same code under the default thresholds
 # (2-core machine, median of the pairwise ratios): make demo's compile without caches 0.92 of the
 # wall time (9.55 against 10.09 s, five pairs), the 1T model through partition 0.94 (10.62
