@@ -14,10 +14,11 @@ gives every tool the same behaviour:
   whole run succeeded: a failed run leaves no output file and no existing file changed.
   ``--dump-dir`` dumps are the exception: they are written as each pass finishes, so
   the passes before a failure can be inspected.
-- The executables run through :func:`run_executable`: the garbage collector collects only
-  young objects (a one-run process keeps what it builds to the end), and they leave through
-  :func:`leave`: the exit handlers run and the output is flushed, but the interpreter does not
-  free the heap one object at a time (after a large compile that took seconds).
+- ``tessera-compile`` and ``tessera-opt``, the executables that plan and parse large modules,
+  run through :func:`run_executable`: the garbage collector collects only young objects (a
+  one-run process keeps what it builds to the end), and they leave through :func:`leave`: the
+  exit handlers run and the output is flushed, but the interpreter does not free the heap one
+  object at a time (after a large compile that took seconds).
 """
 
 from __future__ import annotations
