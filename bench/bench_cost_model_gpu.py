@@ -49,7 +49,7 @@ measurement can be reported again without a GPU::
 the plan's distinct ones; the one- and two-layer layer-kind combinations are always added);
 ``measure --stages`` picks among ceilings, cores, experts, tasks, pairs, carveout, priority and
 executor, ``--deadline-s`` bounds it. ``report`` reads ``.json`` or ``.json.gz`` and writes
-``bench/results/cost_model_gpu.json``. The measurements behind the README's figures are in
+``bench/results/cost_model_gpu.json``. The measurements behind docs/records/2026-12-04-cost-model-gpu-h200.md are in
 ``bench/results/gpu/``: two runs of one plan (EP8 4K, EP32 4K, EP8 32K) on an H200, which the
 ``h200`` file's figures were read from, and a third run of a plan at settings neither of them
 measured (EP16 4K, EP8 16K, EP32 32K, another sample), planned with the file as it is now:

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from passes.simulation.capacity import CapacityReport
     from passes.simulation.routing import RoutingKind
 
-# The planning pipeline `tessera-compile` runs after capture, in the order of DESIGN.md:
+# The planning pipeline `tessera-compile` runs after capture, in the order of docs/architecture.md:
 # it ends with the per-rank programs (with the DBO slots `dbo-slots` placed), which
 # `-o plan.tsb` writes as bytecode.
 DEFAULT_PIPELINE = "candidates,overlap-schedule,profile,partition,dbo-slots,pipeline"

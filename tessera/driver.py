@@ -191,12 +191,8 @@ def run_tool(tool: str, parser: argparse.ArgumentParser, body: Body, argv: Seque
 # in the capture's child, the pair DAGs, schedules and per-rank programs in the passes), so its
 # heap keeps growing and the collector walked it again and again for garbage that is not there.
 # Here a young collection comes every 100,000, so short-lived cycles are still freed, and one of
-# the whole heap only after 500 million.
-# Measured as whole processes, alternating with the same code under the default thresholds
-# (2-core machine, median of the pairwise ratios): make demo's compile without caches 0.92 of the
-# wall time (9.55 against 10.09 s, five pairs), the 1T model through partition 0.94 (10.62
-# against 11.18 s, four), `tessera-opt` verifying make demo's planned IR 0.93 (four); peak
-# memory 7 MiB more.
+# the whole heap only after 500 million. What that saved, against the default thresholds, is in
+# docs/records/2026-12-04-compile-time.md.
 EXECUTABLE_GC_THRESHOLDS = (100_000, 50, 100)
 
 

@@ -55,9 +55,8 @@ def fork_child(work: Callable[[], object]) -> tuple[int, int]:
         code = 1
         try:
             # Every object inherited from the parent out of the collector's way: a full collection
-            # walks them all, writing to each one's header, which copies every inherited page (the
-            # planned module's verification in a child: 1.47-1.66 s with this, 1.74-1.85 without;
-            # in make demo's compile, its wait after rendering 0.00-0.14 s against 0.12-0.42 s).
+            # walks them all, writing to each one's header, which copies every inherited page
+            # (what that cost a compile: docs/records/2026-12-04-compile-time.md).
             gc.freeze()
             os.close(read_end)
             data = pickle.dumps(work(), protocol=pickle.HIGHEST_PROTOCOL)

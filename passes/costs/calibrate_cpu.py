@@ -161,12 +161,11 @@ def _task_time(ex: _AtReferenceSpeed, tasks: list[ExecTask], name: str, repeats:
 
 # How long a throughput micro-benchmark runs per repeat: the task back to back, on distinct
 # buffers, for about this long (at most MAX_CHAIN copies), read as the chain's time over its
-# length. Pairs run for 2-60 ms (the cost-model bench scales its largest to 30 ms), and on this
-# shared 2-core machine a task timed on its own in a window of a few ms reads far faster than the
-# same task inside a pair-length run, even scaled by reference readings of the same lengths: at
-# load ~3, GEMMs of 2724x136x136 and 617x309x309 and a 32 MB copy took 1.7-1.9x their lone time
-# per task in chains of 8 (a 40 ms 1024^3 GEMM: 1.02x), and calibrated on their own they put the
-# compute of the Qwen3-Next-shaped pairs at 1.6x less time than it took.
+# length. Pairs run for milliseconds to tens of milliseconds, and on a shared machine a task timed
+# on its own in a window of a few ms reads far faster than the same task inside a pair-length run,
+# even scaled by reference readings of the same lengths; calibrated on such short readings, the
+# compute of the pairs is priced well short of what it takes (the readings:
+# docs/records/2026-12-04-cost-model-cpu.md).
 CHAIN_WINDOW_US = 20_000.0
 MAX_CHAIN = 1000
 
@@ -281,9 +280,8 @@ def calibrate(executor: PairExecutor, quick: bool = False, statistic: str = "med
             n = min(max_n, align_dim(n * 1.6))  # aligned, as every executed GEMM is
         if dtype == "fp32" and not quick:
             # The executed dtype: every size read in GEMM_ROUNDS sweeps and the sweeps' statistic
-            # taken per size. One sweep read a 432^3 GEMM slower per FLOP than a 272^3 one, and
-            # three terms fitted on it put the peak at 103 GFLOP/s where the pairs' GEMMs of a few
-            # ms ran at 71-84.
+            # taken per size. One sweep can read a larger GEMM slower per FLOP than a smaller one,
+            # and three terms fitted on it then put the peak well above what the pairs' GEMMs reach.
             sweeps = [times] + [[chain_time(_maker(_gemm, k, dtype), repeats) for k in sizes] for _ in range(GEMM_ROUNDS - 1)]
             combine = min if statistic == "min" else statistics.median
             times = [combine(col) for col in zip(*sweeps)]
@@ -305,12 +303,11 @@ def calibrate(executor: PairExecutor, quick: bool = False, statistic: str = "med
     # pairwise slopes, then the median intercept): one disturbed reading cannot tilt it.
     small, large = 8 << 10, (2 if quick else 16) << 20
     # Dense where pairs' transfers lie (a few to a few hundred kB at the executed scale): there a
-    # lone All-to-All reads 243-443 µs with no step, and single readings scatter by ±20%, so the
+    # lone All-to-All is latency-bound, with no step, and single readings scatter widely, so the
     # robust line through nine sizes prices them better than any one reading.
     sizes = [4 << 10, small, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10, large // 4, large]  # bytes
     # Each size on its own, not as a chain: back-to-back All-to-Alls make the ranks meet again and
-    # again, and a chain of them read 295-1417 µs of latency in four calibrations at load 2-4 (one
-    # on its own: 223-417 µs), far from what the comm-heavy tiny pairs then took.
+    # again, and a chain of them reads a latency far from what the comm-heavy pairs then take.
     times = [task_time([_a2a("a", b)], "a", 3 * repeats if b < (1 << 20) else repeats) for b in sizes]
     sent = [executed_work(_a2a("a", b), executor.world_size)[1] for b in sizes]  # as durations will read them
     latency_us, slope = _theil_sen([float(b) for b in sent], times)

@@ -26,9 +26,9 @@ from tessera_ir.parallel import ParallelConfig
 
 # Every dimension of an executed GEMM is a multiple of this. The models' own dimensions are
 # multiples of 64 or more; scaled down by an arbitrary factor they become odd (565x283x283), and
-# on the local CPU odd GEMMs run slower (likely the vector kernels' remainder loops): 32-39 GFLOP/s
-# against 60-61 for 568x280x280 in the same run, 1.04-1.67x over seven shape groups — a slowdown no
-# real kernel of the task pays, and one a calibration on aligned sizes does not see.
+# on a CPU odd GEMMs run slower (likely the vector kernels' remainder loops) — a slowdown no real
+# kernel of the task pays, and one a calibration on aligned sizes does not see (measured:
+# docs/records/2026-12-04-cost-model-cpu.md).
 GEMM_ALIGN = 8
 
 

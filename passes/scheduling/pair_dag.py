@@ -187,9 +187,10 @@ def join_sides(fwd: Sequence[PairTask], bwd: Sequence[PairTask], name: str = "pa
     off = len(fwd)
     if not off:
         return PairDAG(name, list(fwd) + list(bwd))
-    # Built field by field rather than by ``dataclasses.replace`` (8.4 against 4.8 µs per task on
-    # this project's 2-core machine; 57,000 tasks in a cold compile of make demo's model). The
-    # test of join_sides compares every field, so a new PairTask field cannot be dropped here.
+    # Built field by field rather than by ``dataclasses.replace``, which inspects the fields on
+    # every call and so costs more per task, and a cold compile joins tens of thousands of tasks
+    # (docs/records/2026-12-04-compile-time.md). The test of join_sides compares every field, so
+    # a new PairTask field cannot be dropped here.
     shifted = [
         PairTask(t.name, t.kind, t.resource, t.duration, tuple(d + off for d in t.deps), t.side, t.layer, t.movable, t.deadline)
         if t.deps

@@ -44,7 +44,7 @@ from tessera_ir.errors import TesseraError
 
 RoutingKind = Literal["balanced", "zipf", "drift", "trace"]
 ROUTING_KINDS: tuple[str, ...] = ("balanced", "zipf", "drift", "trace")
-# The default skew: a moderate exponent (see the README's comparison for the load imbalance it makes).
+# The default skew: a moderate exponent (docs/simulation.md, Routing, says what it models).
 DEFAULT_ZIPF_S = 0.3
 
 

@@ -1,4 +1,4 @@
-"""The architecture, read from the source: which modules may import which (DESIGN.md's layout)."""
+"""The architecture, read from the source: which modules may import which (docs/architecture.md's import rules)."""
 
 from __future__ import annotations
 

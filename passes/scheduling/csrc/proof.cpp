@@ -265,8 +265,9 @@ bool prove(const std::vector<Facts>& schedules) {
   for (const Facts& schedule : schedules)
     if (!state_facts(ctx, terms, tol, minus_tol, schedule, facts)) return false;
   if (z3_failed) return false;
-  // The context's solver, its assertions scoped to this proof (push ... pop): with a solver of
-  // its own per proof, a lone proof of one of make demo's schedules took 1.6-2.7 ms, not 1.1-1.5.
+  // The context's solver, its assertions scoped to this proof (push ... pop): a solver of its
+  // own per proof pays its creation every time, a large share of a proof this small
+  // (docs/records/2026-12-04-compile-time.md).
   Z3_solver solver = context.solver;
   api.solver_push(ctx, solver);
   if (!facts.empty()) api.solver_assert(ctx, solver, api.mk_and(ctx, unsigned(facts.size()), facts.data()));
