@@ -148,10 +148,9 @@ def slowest_rank_time(m: PairMeasurement, name: str, statistic: str) -> float:
 
     A pair's time, and every reading of the reference kernel, is the slowest rank's: the ranks
     meet at each All-to-All, so a rank that lost its core for a moment holds up both. Pooling the
-    ranks' durations instead (``task_min_us``) reads the fastest rank: on this 2-core machine
-    shared with other work, a 2.4 GFLOP GEMM read 33 ms on its faster rank and 63 ms at best
-    on the slower one, and GEMM figures calibrated that way put every pair's GEMMs at 1.3-1.9x
-    less time than the pairs then took."""
+    ranks' durations instead (``task_min_us``) reads the fastest rank, which on a machine shared
+    with other work can be far faster than the slower one, and GEMM figures calibrated that way
+    price every pair's GEMMs short (docs/records/2026-12-04-cost-model-cpu.md)."""
     return (m.task_slowest_min_us if statistic == "min" else m.task_slowest_us)[name]
 
 

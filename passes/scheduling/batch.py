@@ -178,9 +178,9 @@ class BackgroundProofs:
 
     ``keep(k)``, when given, is called with each schedule's index as soon as it is proven, in
     whichever process proved it, and says whether it kept the schedule (the overlap pass writes
-    it to the schedule cache: writing make demo's 963 new entries took 0.16-0.89 s at the end of
-    its cold compile, 0.16-0.93 ms an entry on this machine's disk, and in the background process
-    it costs the compile nothing). It must only write where nothing else writes; returning False
+    it to the schedule cache: a file per new entry, which at the end of a cold compile is a wait
+    the compile feels (docs/records/2026-12-04-compile-time.md), and in the background process
+    costs it nothing). It must only write where nothing else writes; returning False
     or raising means not kept. :meth:`kept` says afterwards which schedules it kept, so that the
     caller keeps the rest itself (a failure in the background process is then met again, and
     reported, in the caller's).
