@@ -1,7 +1,8 @@
 """Tiny transformers MoE models trained under a plan: their configs, their plan, and the torchrun worker.
 
     python -m torch.distributed.run --standalone --nproc-per-node 4 tests/hf_training.py \
-        --model-type qwen3_moe --plan plan.tsb --signature plan.sig --steps 3 --out DIR
+        --model-type qwen3_moe --plan plan.tsb --signature plan.sig --expect-model qwen3_moe \
+        --steps 3 --out DIR
 
 Every rank builds the same tiny model (seeded), starts a ``TrainingSession``
 (the binding is picked from the model), trains ``--steps`` steps with AdamW on
@@ -86,6 +87,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--norm-topk-prob", choices=["true", "false"], help="Qwen3-MoE's norm_topk_prob")
     p.add_argument("--plan", required=True)
     p.add_argument("--signature", required=True, help="the plan signature of the model (raw bytes)")
+    p.add_argument("--expect-model", help="the model name the plan must have been compiled for (the plan's 'model')")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--out", required=True)
     return p.parse_args(argv)
@@ -108,8 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group("gloo", timeout=timedelta(seconds=300))
     session = None
     try:
-        expect = {"model": type(build(config)).__name__, "microbatches": PARALLEL["microbatches"],
-                  "seq_len": PARALLEL["seq_len"]}
+        expect: dict[str, Any] = {"microbatches": PARALLEL["microbatches"], "seq_len": PARALLEL["seq_len"]}
+        if args.expect_model:
+            expect["model"] = args.expect_model
         session = TrainingSession.start(args.plan, build(config), signature=Path(args.signature).read_bytes(),
                                         expect=expect)
         opt = optimizer(session.parameters())

@@ -196,6 +196,27 @@ def test_start_refuses_an_unsupported_model_before_any_process_group(tmp_path, q
         dist.destroy_process_group()
 
 
+def test_a_plan_compiled_from_a_config_json_loads_with_the_signature_of_the_model_in_memory(tmp_path):
+    """``tessera-compile config.json`` and a capture of the trainer's model (on meta) agree on the signature."""
+    from transformers import AutoModelForCausalLM
+
+    from codegen.emit import plan_bytes
+    from codegen.signature import plan_signature
+    from tessera.api import capture, compile
+
+    config = tiny_config("mixtral")
+    path = tmp_path / "config.json"
+    path.write_text(config.to_json_string())
+    data = plan_bytes(compile(str(path), hardware="h100", **PARALLEL))
+    info = load_plan(data, rank=0).plan
+    assert info.model == "mixtral"
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    module = capture(model, **PARALLEL)
+    module.attrs["profile_mode"], module.attrs["hardware"] = info.cost_source, info.hardware
+    load_plan(data, rank=0, signature=plan_signature(module))
+
+
 # ---------------------------------------------------------------- under a plan, four ranks
 
 
@@ -208,7 +229,7 @@ def test_torchrun_pp2_ep2_matches_the_reference_bitwise_and_transformers(tmp_pat
     (tmp_path / "plan.sig").write_bytes(signature)
     steps, microbatches, seq_len = 3, PARALLEL["microbatches"], PARALLEL["seq_len"]
     args = ["--model-type", model_type, "--plan", str(tmp_path / "plan.tsb"), "--signature", str(tmp_path / "plan.sig"),
-            "--steps", str(steps), "--out", str(tmp_path / "out")]
+            "--expect-model", model_type, "--steps", str(steps), "--out", str(tmp_path / "out")]
     if "norm_topk_prob" in settings:
         args += ["--norm-topk-prob", str(settings["norm_topk_prob"]).lower()]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", str(WORKER), *args]
