@@ -160,7 +160,12 @@ def _spelled(exc: BaseException) -> str:
 
 def load_source(source: str | nn.Module | os.PathLike[str]) -> LoadedSource:
     if isinstance(source, nn.Module):
-        return LoadedSource(source, type(source).__name__, getattr(source, "config", None))
+        # A transformers model is named by its model type, as its config.json or hf:<type> is: the
+        # plan's model name and signature are then the same whichever of the three was captured.
+        config = getattr(source, "config", None)
+        model_type = getattr(config, "model_type", None)
+        name = model_type if isinstance(model_type, str) and model_type else type(source).__name__
+        return LoadedSource(source, name, config)
     text = os.fspath(source)
     if text.startswith("hf:"):
         config = _hf_config(text[3:], {})

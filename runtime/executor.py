@@ -5,7 +5,7 @@ each action to real work and reports back:
 
 - RUN ``<layer>.<op>.fwd``: the forward of that task for one micro-batch, as
   its own piece of autograd graph (``runtime.backward_split``; what each op
-  computes is ``runtime.moe_binding``). A router forward also starts the
+  computes is the model family's binding, ``runtime.bindings``). A router forward also starts the
   exchange of per-expert token counts over the EP group.
 - RUN ``.dgrad``: the task's backward for its inputs only; the weight half is
   kept as a job. RUN ``.wgrad`` (in place, or offered by a DEFER and run when
@@ -48,9 +48,9 @@ import torch
 import torch.distributed as dist
 
 from runtime.backward_split import ForwardRunner, OrderedGradients, ParamSlot, TaskGraph, WeightGradJob, backward_data
+from runtime.bindings import WEIGHTED_OPS, BindingError, ModelBinding, Routing, task_op
 from runtime.bytecode import Collective, Payload
 from runtime.layout import RankGrid, StageLayout
-from runtime.moe_binding import WEIGHTED_OPS, BindingError, MoEBinding, Routing, task_op
 from runtime.reference import ActionKind, load_imbalance
 
 _TRACE = bool(os.environ.get("TESSERA_TRACE"))
@@ -215,7 +215,7 @@ class StageExecutor:
         self,
         program: Any,
         layout: StageLayout,
-        binding: MoEBinding,
+        binding: ModelBinding,
         parallel: _Parallel,
         *,
         dbo: bool = True,
@@ -258,6 +258,8 @@ class StageExecutor:
         self.runner = ForwardRunner()
         self._fns: dict[tuple[str, str], Callable[..., tuple[torch.Tensor, ...]]] = {}
         self._assemble = binding.assemble_fn()
+        # The tasks whose gradients of the post-mixer norm's output the mixer's dgrad sums, in this order.
+        self._n_consumers = ("router", "dispatch") + (("shared_expert",) if binding.has_shared_expert else ())
         self._head = binding.logits_fn() if external_loss else binding.head_fn(self.loss_divisor)
         self._dispatch_of = {
             (t.layer, task_op(t.kind)[0], task_op(t.kind)[1]): i for i, t in enumerate(self.tasks)
@@ -273,6 +275,12 @@ class StageExecutor:
             op, _ = task_op(t.kind)
             if op not in known:
                 raise BindingError(f"plan task '{t.name}' has kind '{t.kind}', which this executor cannot run")
+        planned = any(task_op(t.kind)[0] == "shared_expert" for t in self.tasks)
+        if planned != self.binding.has_shared_expert:
+            raise BindingError(
+                "the plan has shared-expert tasks but the model has no shared expert" if planned else
+                "the model has a shared expert but the plan has no shared-expert task; compile the plan for this model"
+            )
 
     def parameters(self) -> list[torch.Tensor]:
         """The parameters this rank trains (its stages' layers; its own experts)."""
@@ -551,7 +559,7 @@ class StageExecutor:
         if key in self.values:
             return self.values[key]  # type: ignore[no-any-return]
         # A decoder layer's output is assembled when first needed (it has no task of its own).
-        inputs = [self._resolve((layer, n, mb), needed_by) for n in ("h", "returned", "weights", "shared")]
+        inputs = [self._resolve((layer, n, mb), needed_by) for n in self.binding.assemble_inputs()]
         g = self._graph(layer, "assemble", mb, self._assemble, inputs, (self._resolve((layer, "order", mb), needed_by),))
         self.values[key] = g.outputs[0]
         return g.outputs[0]
@@ -603,7 +611,7 @@ class StageExecutor:
         if graph.dgrad_done:
             return
         grads, _ = backward_data(graph, [self._out_grad(layer, mb, needed_by)])
-        for name, g in zip(("h", "returned", "weights", "shared"), grads):
+        for name, g in zip(self.binding.assemble_inputs(), grads):
             self._set_grad(layer, name, mb, g)
 
     def _permute_grads(self, layer: str, mb: int, needed_by: str) -> None:
@@ -628,7 +636,7 @@ class StageExecutor:
             self._permute_grads(layer, mb, name)
             g_h = self._grad(layer, "h", mb, name)
             # The router's two contributions first, as autograd sums them inside the router.
-            g_n = self._grad(layer, "n", mb, name, ("router", "dispatch", "shared_expert"))
+            g_n = self._grad(layer, "n", mb, name, self._n_consumers)
             (gx,), job = backward_data(graph, [g_h, g_n])
             self._set_grad(layer, "x", mb, gx)
         elif op == "router":

@@ -36,9 +36,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from runtime.bindings import ModelBinding, Routing, binding_for
+from runtime.bindings import task_boundary as _cut
 from runtime.layout import RankGrid
-from runtime.moe_binding import MoEBinding, Routing, shard_experts
-from runtime.moe_binding import task_boundary as _cut
 
 
 def deterministic_cpu_mode() -> None:
@@ -83,16 +83,20 @@ class LocalReference:
         dp: int = 1,
         microbatches: int,
         optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer] | None = None,
+        binding: type[ModelBinding] | None = None,
     ):
+        """``binding``: the model's binding class (by default the registered family the model matches)."""
         self.grid = RankGrid(1, ep, dp)
         self.microbatches = microbatches
         self.replicas: list[nn.Module] = []
-        self.bindings: list[MoEBinding] = []
+        self.bindings: list[ModelBinding] = []
         for shard in range(ep * dp):
             model = build_model()
-            shard_experts(model, shard % ep, ep)
+            family = binding or binding_for(model)
+            family.check_model(model)
+            family.shard_experts(model, shard % ep, ep)
             self.replicas.append(model)
-            self.bindings.append(MoEBinding(model, ep=ep, ep_rank=shard % ep))
+            self.bindings.append(family(model, ep=ep, ep_rank=shard % ep))
         self.optimizers = [optimizer(list(m.parameters())) for m in self.replicas] if optimizer else []
         self.last_routing: list[list[Routing]] = []
 
@@ -128,7 +132,7 @@ class LocalReference:
         ep = self.grid.ep
         xs = [b[s].embedding_fn()(input_ids[s, mb])[0] for s in range(self.shards)]
         routings: list[Routing] = []
-        for i in range(len(b[0].layers)):
+        for i in range(b[0].num_layers):
             layer = f"l{i}"
             hs, ns, perms, weights, orders, counts = [], [], [], [], [], []
             for s in range(self.shards):
@@ -156,8 +160,10 @@ class LocalReference:
                 for e, r in enumerate(_Exchange.apply(back, *outs)):
                     returned[group[e]] = r
             for s in range(self.shards):
-                shared = b[s].shared_fn(layer)(_cut(ns[s]))[0]
-                xs[s] = b[s].assemble_fn()(_cut(hs[s]), _cut(returned[s]), _cut(weights[s]), _cut(shared), orders[s])[0]
+                values = [hs[s], returned[s], weights[s]]
+                if b[s].has_shared_expert:
+                    values.append(b[s].shared_fn(layer)(_cut(ns[s]))[0])
+                xs[s] = b[s].assemble_fn()(*(_cut(v) for v in values), orders[s])[0]
         self.last_routing.append(routings)
         scaled, values = [], []
         for s in range(self.shards):
@@ -171,7 +177,7 @@ class LocalReference:
         order, expert gradients over the data-parallel replicas of the same EP rank."""
         params = [dict(m.named_parameters()) for m in self.replicas]
         for name in params[0]:
-            expert = ".experts." in name
+            expert = self.bindings[0].is_expert_param(name)
             groups: Sequence[list[int]]
             if expert:
                 groups = [[d * self.grid.ep + e for d in range(self.grid.dp)] for e in range(self.grid.ep)]

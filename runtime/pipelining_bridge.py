@@ -34,9 +34,9 @@ from typing import Any
 
 import torch
 
+from runtime.bindings import loss_fn, task_op
 from runtime.bytecode import Collective, Op
 from runtime.ledger import program_pairs, program_units
-from runtime.moe_binding import loss_fn, task_op
 
 MIN_TORCH = (2, 9)
 
@@ -276,7 +276,7 @@ def build_bridge(executor: Any, all_programs: Sequence[Any]) -> PipeliningBridge
         first, last = s == 0, s == stages_total - 1
         example_in = (torch.zeros(hidden_shape[:2], dtype=torch.long) if first
                       else torch.zeros(hidden_shape, dtype=dtype, requires_grad=True))
-        vocab = int(binding.lm_head.weight.shape[0]) if last else 0
+        vocab = binding.vocab_size if last else 0
         # requires_grad: pipelining sends gradients back only for outputs whose metadata says so.
         example_out = torch.zeros((*hidden_shape[:2], vocab) if last else hidden_shape, dtype=dtype, requires_grad=True)
         module = StageModule(binding, layout.stage_layers[s], executor.par.ep_group)

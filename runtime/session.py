@@ -28,12 +28,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from runtime.bindings import BindingError, ModelBinding, binding_for, task_op
 from runtime.bytecode import PlanInfo, decode
 from runtime.errors import PlanError
 from runtime.executor import IterationResult, StageExecutor, create_groups
 from runtime.health import HealthWatch, job_store
 from runtime.layout import RankGrid, StageLayout
-from runtime.moe_binding import MoEBinding, shard_experts
 
 SETTINGS = ("model", "pp", "vpp", "ep", "tp", "microbatches", "micro_batch_size", "seq_len", "dtype")
 
@@ -78,6 +78,25 @@ def load_programs(data: bytes, signature: bytes | None, expect: Mapping[str, Any
             ) from None
         raise
     return [first] + [runtime.load_plan(data, rank=r, signature=signature) for r in range(1, int(first.plan.pp))]
+
+
+def check_model_fits_plan(family: type[ModelBinding], model: nn.Module, programs: list[Any], layout: StageLayout) -> None:
+    """Refuse a model whose decoder layers or shared expert differ from those the plan runs (BindingError)."""
+    parts = family.locate(model)
+    planned = [name for name in layout.layers if name not in ("embed", "head")]
+    if len(planned) != len(parts.layers):
+        raise BindingError(
+            f"the plan runs {len(planned)} decoder layers but the {type(model).__name__} has {len(parts.layers)}; "
+            "compile the plan for this model"
+        )
+    first = family.decoder_parts(model, 0, parts.layers[0])
+    shared = any(task_op(t.kind)[0] == "shared_expert" for p in programs for t in p.tasks)
+    if shared != (first.shared_expert is not None):
+        raise BindingError(
+            "the plan has shared-expert tasks but the model has no shared expert; compile the plan for this model"
+            if shared else
+            "the model has a shared expert but the plan has no shared-expert task; compile the plan for this model"
+        )
 
 
 @dataclass
@@ -131,9 +150,15 @@ class TrainingSession:
         health: bool = True,
         fsm_factory: Any = None,
         driver: str = "fsm",
+        binding: type[ModelBinding] | None = None,
     ) -> TrainingSession:
         """``driver``: ``fsm`` (the C++ FSM orders the work) or ``pipelining`` (torch.distributed.pipelining's
-        runtime runs the exported schedule, each chunk and pair by Tessera's executor)."""
+        runtime runs the exported schedule, each chunk and pair by Tessera's executor).
+
+        ``binding``: what the plan's tasks compute on ``model`` (a ``runtime.bindings.ModelBinding``
+        subclass); by default the registered family ``model`` matches. A model no binding
+        trains, or one that does not fit the plan, is refused before any process group exists.
+        """
         if driver not in ("fsm", "pipelining"):
             raise ValueError(f"driver must be 'fsm' or 'pipelining', got '{driver}'")
         if not dist.is_initialized():
@@ -141,6 +166,10 @@ class TrainingSession:
         data = plan_bytes(plan)
         programs = load_programs(data, signature, expect or {})
         info = programs[0].plan
+        family = binding or binding_for(model)
+        family.check_model(model)
+        layout = StageLayout.from_programs(programs)
+        check_model_fits_plan(family, model, programs, layout)
         rank, world = dist.get_rank(), dist.get_world_size()
         grid = RankGrid.for_world(world, int(info.pp), int(info.ep))
         watch = None
@@ -148,10 +177,9 @@ class TrainingSession:
             watch = HealthWatch(job_store(), rank, world).start()
         parallel = create_groups(grid, rank)
         pp_rank, ep_rank, _ = grid.coords(rank)
-        shard_experts(model, ep_rank, grid.ep)
-        binding = MoEBinding(model, ep=grid.ep, ep_rank=ep_rank)
-        layout = StageLayout.from_programs(programs)
-        executor = StageExecutor(programs[pp_rank], layout, binding, parallel, dbo=dbo, fsm_factory=fsm_factory,
+        family.shard_experts(model, ep_rank, grid.ep)
+        bound = family(model, ep=grid.ep, ep_rank=ep_rank)
+        executor = StageExecutor(programs[pp_rank], layout, bound, parallel, dbo=dbo, fsm_factory=fsm_factory,
                                  external_loss=driver == "pipelining")
         bridge = None
         if driver == "pipelining":

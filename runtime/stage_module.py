@@ -2,7 +2,7 @@
 
 ``StageModule`` runs a contiguous range of the model's layers (the embedding,
 decoder layers, the head up to its logits) with the same task forwards the
-executor runs (``runtime.moe_binding``), joined by ordinary autograd, with
+executor runs (the model's binding, ``runtime.bindings``), joined by ordinary autograd, with
 expert-parallel dispatch and combine as blocking, differentiable
 ``all_to_all_single`` over the EP group. Under a pipelining schedule its
 backward is one ``autograd.backward`` of the whole stage, weight gradients
@@ -25,25 +25,20 @@ import torch.distributed as dist
 import torch.distributed.nn.functional as dist_fn
 from torch import nn
 
-from runtime.moe_binding import MoEBinding, Routing, task_boundary
+from runtime.bindings import ModelBinding, Routing, task_boundary
 
 
 class StageModule(nn.Module):
     """Layers ``layers`` of the model (plan layer names: ``embed``, ``l<i>``, ``head``) on one rank."""
 
-    def __init__(self, binding: MoEBinding, layers: Sequence[str], ep_group: Any = None):
+    def __init__(self, binding: ModelBinding, layers: Sequence[str], ep_group: Any = None):
         super().__init__()
         self.binding = binding
         self.layer_names = list(layers)
         self.ep_group = ep_group
         parts: list[nn.Module] = []
         for name in self.layer_names:
-            if name == "embed":
-                parts.append(binding.embed)
-            elif name == "head":
-                parts += [binding.final_norm, binding.lm_head]
-            else:
-                parts.append(binding.decoder(name).block)
+            parts += binding.stage_modules(name)
         # Registered so that .parameters() are the stage's (optimizers, pipelining's gradient scaling).
         self.parts = nn.ModuleList(parts)
 
@@ -68,8 +63,10 @@ class StageModule(nn.Module):
         index, inverse, per_expert = routing.regroup()
         expert_out = b.experts_fn(layer)(task_boundary(received), index, inverse, per_expert)[0]
         returned = self._exchange(expert_out, recv, send)
-        shared = b.shared_fn(layer)(task_boundary(n))[0]
-        return b.assemble_fn()(task_boundary(h), task_boundary(returned), task_boundary(weights), task_boundary(shared), order)[0]
+        values = [h, returned, weights]
+        if b.has_shared_expert:
+            values.append(b.shared_fn(layer)(task_boundary(n))[0])
+        return b.assemble_fn()(*(task_boundary(v) for v in values), order)[0]
 
     def _routing(self, counts: torch.Tensor) -> Routing:
         b = self.binding

@@ -1,0 +1,39 @@
+"""What each plan task computes on a model: the binding interface, its registry, the built-in families.
+
+``runtime.bindings.base`` defines the interface (``ModelBinding``) and the
+registry (``register_binding``, ``binding_for``); one module per family
+registers its binding class when imported here, in this order:
+
+- ``tiny``: models laid out like ``examples/tiny_qwen3_next.py``;
+- ``hf_moe``: transformers' ``Qwen3MoeForCausalLM`` and ``MixtralForCausalLM``.
+"""
+
+from __future__ import annotations
+
+from runtime.bindings import hf_moe, tiny
+from runtime.bindings.base import (
+    DECODER_OPS,
+    MIXER_KINDS,
+    WEIGHTED_OPS,
+    BindingError,
+    DecoderParts,
+    ModelBinding,
+    ModelParts,
+    Routing,
+    TaskFn,
+    binding_for,
+    loss_fn,
+    register_binding,
+    registered_bindings,
+    task_boundary,
+    task_op,
+    unregister_binding,
+)
+from runtime.bindings.hf_moe import HFSparseMoeBinding, MixtralBinding, Qwen3MoeBinding
+from runtime.bindings.tiny import TinyMoEBinding
+
+__all__ = [
+    "DECODER_OPS", "MIXER_KINDS", "WEIGHTED_OPS", "BindingError", "DecoderParts", "HFSparseMoeBinding", "MixtralBinding",
+    "ModelBinding", "ModelParts", "Qwen3MoeBinding", "Routing", "TaskFn", "TinyMoEBinding", "binding_for", "hf_moe",
+    "loss_fn", "register_binding", "registered_bindings", "task_boundary", "task_op", "tiny", "unregister_binding",
+]
