@@ -2,10 +2,12 @@
 
 For every reference workload in ``frontend/workloads/`` at its suggested parallel settings, under
 balanced and skewed expert routing, the simulator (``passes.simulation``) runs the same iterations
-(same routing draws, same cost model) for four configurations:
+(same routing draws, same cost model) for four configurations, every one the steps of the per-rank
+programs the ``pipeline`` pass lowered (``passes/pipelining/shipped.py``):
 
 1. ``megatron``: layers split evenly by count, Megatron-Core's fixed-template All-to-All overlap
-   (combined 1F1B) with its delayed expert weight gradient;
+   (combined 1F1B) with its delayed expert weight gradient (at VPP 1, where Megatron-Core refuses
+   that overlap, the same order as Tessera's: ``pipelining/order.py``);
 2. ``balanced``: the same with the serially balanced partition;
 3. ``tessera``: Tessera's static plan, the overlap-aware partition with gap-fit pair schedules
    (the planning passes ``candidates → overlap-schedule → profile → partition``);
@@ -69,7 +71,7 @@ def plan_module(name: str, overrides: dict[str, int], dp: int, plans: Path | Non
     if cached is not None and cached.is_file():
         module = parse_module(cached.read_text())
         module.attrs["dp"] = dp
-        PassManager(parse_pipeline("dbo-slots")).run(module)
+        PassManager(parse_pipeline("dbo-slots,pipeline")).run(module)
         return module, str(module.attrs.get("bench_memory_note", "")) + "; plan read from --plans"
     module = frontend.capture(str(WORKLOADS / f"{name}.json"), overrides=overrides)
     module.attrs["dp"] = dp  # what tessera-compile --dp records: the DBO's budget reads it
@@ -92,7 +94,8 @@ def plan_module(name: str, overrides: dict[str, int], dp: int, plans: Path | Non
     if cached is not None:  # kept before dbo-slots, which is quick to rerun
         cached.parent.mkdir(parents=True, exist_ok=True)
         cached.write_text(print_module(planned))
-    PassManager(parse_pipeline("dbo-slots")).run(planned)
+    # The per-rank programs: every configuration below simulates their steps (pipelining.shipped).
+    PassManager(parse_pipeline("dbo-slots,pipeline")).run(planned)
     return planned, note
 
 

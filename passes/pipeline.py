@@ -17,9 +17,10 @@ when ``dbo-slots`` ran. After (``docs/ir.md``, "Per-rank programs")::
       @program.r0 {op = "end"}
     }
 
-Each rank's program runs its steps in the interleaved-1F1B order (plain 1F1B at vpp = 1):
-warm-up forwards, steady-state pairs expanded into their scheduled tasks on the compute and
-comm streams, cool-down backwards, with point-to-point transfers between stages, All-to-All
+Each rank's program runs its steps (``pipelining.order.rank_steps``) in the interleaved-1F1B
+order (plain 1F1B at vpp = 1): warm-up forwards; in the combined order steady-state pairs
+expanded into their scheduled tasks on the compute and comm streams, in the plain order each
+steady forward and backward a step of its own; cool-down backwards; with point-to-point transfers between stages, All-to-All
 collectives over the EP group, the waits between streams, weight gradients registered with
 their deadline, DBO slots, and each stage's gradient reduction (``pipelining.lowering``). The
 EP ranks of a pipeline rank share its program (the static plan gives them the same work).
@@ -49,8 +50,8 @@ class PipelinePass(ModulePass):
     summary = "Lower the planned module into one program per pipeline rank (interleaved 1F1B), checked for deadlock."
 
     combined: bool | None = option(
-        None, "Megatron-Core's combined-1F1B order: one more warm-up forward, so that every steady-state pair overlaps "
-        "(unset: the plan's order, combined whenever ep > 1)"
+        None, "Megatron-Core's combined-1F1B order: one more warm-up forward (at vpp = 1, 2(pp-r-1)+1), so that every "
+        "steady-state pair overlaps (unset: the plan's order, combined whenever ep > 1)"
     )
 
     def apply(self, module: Module) -> bool:

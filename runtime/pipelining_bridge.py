@@ -3,8 +3,8 @@
 Export. ``export_actions`` turns the plan's per-rank order into pipelining's
 action lists: each chunk a forward (``F``) or full backward (``B``) of a stage
 and micro-batch, each steady-state pair (a forward chunk met by a backward
-chunk) one ``OVERLAP_F_B`` action with the two as sub-actions. ``write_csv``
-writes them in pipelining's CSV form (``(0F4;1B0)OVERLAP_F_B``); its runtime
+chunk, their tasks interleaved: combined 1F1B) one ``OVERLAP_F_B`` action with
+the two as sub-actions. ``write_csv`` writes them in pipelining's CSV form (``(0F4;1B0)OVERLAP_F_B``); its runtime
 adds the sends, receives and gradient reductions itself.
 
 Execution. ``PipeliningBridge`` builds ``_PipelineScheduleRuntime`` over one
@@ -91,9 +91,12 @@ def export_actions(programs: Sequence[Any], stage_layers: Sequence[Sequence[str]
             u = units[i]
             single = action(u.stage, ctype.FORWARD if u.direction == "fwd" else ctype.FULL_BACKWARD, u.mb)
             v = units[i + 1] if i + 1 < len(units) else None
-            # The backward of a chunk depends on its own forward: such a "pair" (plain 1F1B's last
-            # rank) stays two actions, never one OVERLAP_F_B.
-            if v is not None and (id(u), id(v)) in paired and (u.stage, u.mb) != (v.stage, v.mb):
+            # One OVERLAP_F_B only where the plan interleaves the two chunks (a combined-1F1B pair):
+            # pipelining receives both inputs before the action, so a forward the plan runs
+            # wholly before a backward (plain 1F1B's steps) stays two actions, as does a chunk's
+            # backward after its own forward.
+            if (v is not None and (id(u), id(v)) in paired and (u.stage, u.mb) != (v.stage, v.mb)
+                    and v.first < u.last):
                 row.append(action(-1, ctype.OVERLAP_F_B, None, (single, action(v.stage, ctype.FULL_BACKWARD, v.mb))))
                 i += 2
                 continue

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from passes.pipelining.shipped import shipped_combined
 from passes.plan_view import PlanView
 from tessera_ir.kinds import LayerRole, MixerKind, Phase
 from tessera_ir.model import Layer, Module
@@ -202,4 +203,31 @@ def _plan_section(view: PlanView) -> str | None:
         lines.append(text)
     if "megatron_layout" in attrs:
         lines.append(f"Megatron-LM layout: --pipeline-model-parallel-layout \"{attrs['megatron_layout']}\"")
+    memory = _memory_lines(module, parallel, attrs)
+    if memory:
+        lines += ["", *memory]
     return "\n".join(lines)
+
+
+def _memory_lines(module: Module, parallel: ParallelConfig, attrs: dict) -> list[str]:
+    """Each device's peak memory as the partition's memory model gives it (no simulation needed)."""
+    peaks, capacity = attrs.get("memory_peak_bytes"), attrs.get("memory_capacity_bytes")
+    if not isinstance(peaks, list) or not all(isinstance(x, int) for x in peaks) or not isinstance(capacity, int):
+        return []
+    gib = 2**30
+    planned = parallel.combined_1f1b
+    order = "combined 1F1B" if planned else "1F1B" if parallel.vpp == 1 else "interleaved 1F1B"
+    lines = [
+        f"Peak memory per device (memory model: weights, gradients and optimizer state of its stages, the activations "
+        f"its {order} order holds in flight, the reserve; of {capacity / gib:.1f} GiB):",
+        _table(["device", "stages", "peak GiB", "free GiB"], [
+            [str(d), ",".join(str(d + c * parallel.pp) for c in range(parallel.vpp)), f"{peak / gib:.2f}",
+             f"{(capacity - peak) / gib:.2f}"]
+            for d, peak in enumerate(peaks)
+        ]),
+    ]
+    shipped = shipped_combined(module)
+    if shipped != planned:
+        lines.append(f"  (the programs run the {'combined' if shipped else 'plain'} order, which holds "
+                     f"{'more' if shipped else 'fewer'} micro-batches in flight than these figures assume)")
+    return lines

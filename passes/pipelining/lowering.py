@@ -1,7 +1,8 @@
 """Lowering a planned module into one program per pipeline rank (the ``pipeline`` pass's machinery).
 
-Each rank runs its steps in the interleaved-1F1B order (``pipelining.order``): warm-up forwards,
-steady-state pairs, cool-down backwards. A step's tasks come in the issue order of
+Each rank runs its steps in the interleaved-1F1B order (``pipelining.order.rank_steps``): warm-up
+forwards, steady-state pairs (combined order) or forwards and backwards in turn (plain order),
+cool-down backwards. A step's tasks come in the issue order of
 ``pipelining.steps`` and become instructions (``tessera_ir.programs``):
 
 - a compute task is a ``run``; a weight gradient (movable, nothing depends on it) a ``defer``
@@ -19,8 +20,9 @@ steady-state pairs, cool-down backwards. A step's tasks come in the issue order 
 - after a stage's last backward on the rank, a wait for each of its deferred weight gradients
   (their deadline) and its ``grad_reduce``; then ``end``.
 
-Steps whose forward and backward are the same stage and micro-batch (the last rank's steady
-state in the plain order) cannot overlap: they run as the forward, then the backward.
+The steps are ``order.rank_steps``: in the combined order a steady-state step is a pair whose
+forward and backward tasks interleave; in the plain order the forward and the backward are two
+steps, one after the other, as a plain 1F1B runtime issues them.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from passes.pipelining.order import rank_order
+from passes.pipelining.order import RankStep, rank_steps
 from passes.pipelining.steps import ChunkSchedule, Step, StepItem, build_step
 from passes.scheduling.pair_dag import BWD, FWD
 from tessera_ir.errors import TesseraError
@@ -55,7 +57,6 @@ from tessera_ir.programs import (
     Instruction,
 )
 
-StageMb = tuple[int, int]  # (virtual stage, micro-batch)
 TransferKey = tuple[str, int, int]  # (payload, producing stage, micro-batch)
 
 
@@ -75,34 +76,6 @@ class SlotFigures:
 
 # Per step kind (forward layers, backward layers): per compute task, its slot.
 SlotTable = dict[tuple[tuple[str, ...], tuple[str, ...]], dict[str, SlotFigures]]
-
-
-@dataclass(frozen=True)
-class RankStep:
-    """One step of a rank: the forward of ``fwd`` and/or the backward of ``bwd`` (stage, micro-batch)."""
-
-    fwd: StageMb | None
-    bwd: StageMb | None
-
-
-def rank_steps(pp: int, vpp: int, microbatches: int, rank: int, combined: bool) -> list[RankStep]:
-    """The steps of ``rank`` in order; a steady pair of one stage and micro-batch becomes two steps."""
-    steps: list[RankStep] = []
-    actions = rank_order(pp, vpp, microbatches, rank, combined)
-    k = 0
-    while k < len(actions):
-        a = actions[k]
-        here = (a.stage(rank, pp), a.microbatch)
-        if a.direction == "fwd" and a.paired_with is not None:
-            b = actions[k + 1]
-            there = (b.stage(rank, pp), b.microbatch)
-            if here != there:
-                steps.append(RankStep(here, there))
-                k += 2
-                continue
-        steps.append(RankStep(here, None) if a.direction == "fwd" else RankStep(None, here))
-        k += 1
-    return steps
 
 
 class _Node:

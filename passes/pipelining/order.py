@@ -2,8 +2,9 @@
 
 Everything in Tessera that depends on the pipeline schedule reads it here: which chunk pairs
 meet on a device (the candidates and partition passes, the report), how many micro-batches a
-device holds in flight (the memory model), and what each rank executes (simulation and
-per-rank programs build on ``rank_order``).
+device holds in flight (the memory model), and what each rank executes, step by step
+(``rank_steps``: the ``pipeline`` pass lowers these steps into per-rank programs, and the
+simulator runs the steps of those programs).
 
 Vocabulary. ``pp`` ranks each hold ``vpp`` model chunks; chunk ``c`` of rank ``r`` is
 virtual stage ``r + c·pp``. ``microbatches`` (``m``) micro-batches go through every stage
@@ -27,9 +28,10 @@ The order is Megatron-Core's (``forward_backward_pipelining_with_interleaving``;
    1F1B takes any ``m``.
 2. Warm-up: rank ``r`` first runs ``W(r)`` forwards, ``W = 2·(pp − r − 1) + (vpp − 1)·group``
    (``pp − r − 1`` when ``vpp = 1``), at most all ``m·vpp`` of them.
-3. Steady state: step ``k`` runs forward ``W + k`` and backward ``k``. These two form
-   the forward/backward *pair* whose overlap Tessera schedules and costs
-   (``paired_with``).
+3. Steady state: step ``k`` runs forward ``W + k`` and backward ``k``. In the combined
+   order (below) these two form the forward/backward *pair* whose overlap Tessera schedules
+   and costs (``paired_with``); in the plain order they are two steps, the forward then the
+   backward, as a plain 1F1B runtime issues them (``rank_steps``).
 4. Cool-down: the remaining backwards.
 
 Which chunks meet depends on ``W mod pp``: rank 0 with pp=4, vpp=2 has W=10, so steps 0-1
@@ -41,15 +43,34 @@ the last rank has W=(vpp−1)·pp, in phase, so each chunk only meets itself.
 ``combined=True`` is the variant Megatron-Core runs when it overlaps expert-parallel
 All-to-All across micro-batches (combined 1F1B, ``--overlap-moe-expert-parallel-comm``): one
 more warm-up forward per rank, so that the forward and backward of every steady-state pair
-are independent. Without it the last rank's steady pairs join a chunk's forward and backward
-of the *same* micro-batch, which cannot overlap (the backward needs that forward's output),
-and the last rank meets only chunk (0, 0) and (1, 1); with it, with pp=8, vpp=2, the middle
-and last ranks meet all four chunk combinations. The planning passes use it whenever expert
-parallelism is on (``ParallelConfig.combined_1f1b``: ``ep > 1``), since overlapping the EP
-All-to-All of one micro-batch with another's computation is what a Tessera pair is. The pair
-builder (``steady_pairs``) refuses a combined order whose pair would join one micro-batch's
-forward and backward of one chunk. The plain order stays for runs without EP communication,
-where a steady "pair" is a forward followed by a backward, nothing overlapping.
+are independent, and each pair runs as one step whose two sides overlap. Without it the last
+rank's steady pairs would join a chunk's forward and backward of the *same* micro-batch,
+which cannot overlap (the backward needs that forward's output), and the last rank meets only
+chunk (0, 0) and (1, 1); with it, with pp=8, vpp=2, the middle and last ranks meet all four
+chunk combinations. The planning passes use it whenever expert parallelism is on
+(``ParallelConfig.combined_1f1b``: ``ep > 1``), since overlapping the EP All-to-All of one
+micro-batch with another's computation is what a Tessera pair is. The pair builder
+(``steady_pairs``) refuses a combined order whose pair would join one micro-batch's forward
+and backward of one chunk. The plain order stays for runs without EP communication.
+
+Combined at ``vpp = 1`` (Megatron-Core refuses EP overlap there without virtual stages; Tessera
+runs it) warms up with ``2·(pp − r − 1) + 1`` forwards, not the plain ``(pp − r − 1) + 1``.
+A pair step ends when both its sides have, so a step of rank ``r`` that needs rank ``r + 1``'s
+gradient of micro-batch ``k`` waits for the whole pair step of ``r + 1`` that produces it, and
+that step also runs a forward whose input ``r`` sends. With warm-ups that differ by one
+between neighbours, rank ``r + 1``'s pair ``k`` needs the forward rank ``r`` produces in its
+pair ``k − 1``, and rank ``r``'s pair ``k`` needs rank ``r + 1``'s pair ``k``: the two ranks
+take turns, every step of each waiting for the other's, and nothing overlaps across them. With a difference of two, rank ``r + 1``'s pair
+``k`` needs rank ``r``'s pair ``k − 2``, so neighbours' pairs ``k − 1`` and ``k`` run at the same
+time: the activation travels down one step while the gradient travels up one step, the same
+round trip of two steps that interleaving's ``2·(pp − r − 1)`` term leaves. The last rank
+keeps one forward ahead (``+ 1``) so its own pair never joins a chunk's forward and backward of
+one micro-batch. Then on uniform costs (a chunk's forward ``f``, backward ``b``, a pair ``p``
+with ``max(f, b) ≤ p ≤ f + b``) the last rank never waits once its first forward has come, and
+an iteration takes ``(pp − 1)·(f + b) + W·(f + b) + (m·vpp − W)·p`` with ``W = (vpp − 1)·pp + 1``
+the last rank's warm-up (for every ``vpp``); with ``p = f + b`` that is plain 1F1B's
+``(m·vpp + pp − 1)·(f + b)``. The price is memory: the first rank holds up to ``2·pp − 1``
+micro-batches in flight instead of ``pp`` (the memory model reads the same order).
 """
 
 from __future__ import annotations
@@ -106,7 +127,12 @@ def _check(pp: int, vpp: int, microbatches: int, rank: int | None = None, group:
 def warmup_forwards(pp: int, vpp: int, microbatches: int, rank: int, combined: bool = False, group: int | None = None) -> int:
     """Forwards rank ``rank`` runs before its first backward."""
     size = _check(pp, vpp, microbatches, rank, group)
-    warm = pp - rank - 1 if vpp == 1 else 2 * (pp - rank - 1) + (vpp - 1) * size
+    if vpp > 1:
+        warm = 2 * (pp - rank - 1) + (vpp - 1) * size
+    else:
+        # Combined at vpp = 1: neighbours' warm-ups differ by two, or their pair steps take turns
+        # (the module docstring says why).
+        warm = 2 * (pp - rank - 1) if combined else pp - rank - 1
     if combined:
         warm += 1
     return min(warm, microbatches * vpp)
@@ -156,6 +182,45 @@ def rank_order(
         actions.append(Action("bwd", *b, "steady", paired_with=f))
     actions += [Action("bwd", *bwd(k), "cooldown") for k in range(total - warm, total)]
     return actions
+
+
+StageMb = tuple[int, int]  # (virtual stage, micro-batch)
+
+
+@dataclass(frozen=True)
+class RankStep:
+    """One step of a rank's program: the forward of ``fwd`` and/or the backward of ``bwd``
+    (virtual stage, micro-batch). Both sides: a combined-1F1B pair, whose two sides overlap."""
+
+    fwd: StageMb | None
+    bwd: StageMb | None
+
+
+def rank_steps(
+    pp: int, vpp: int, microbatches: int, rank: int, combined: bool = False, group: int | None = None
+) -> list[RankStep]:
+    """The steps of ``rank`` in order: what the ``pipeline`` pass lowers and the simulator runs.
+
+    Combined: each steady-state pair is one step (its sides checked independent, as
+    ``steady_pairs`` does). Plain: every action is its own step, a steady forward then its
+    backward, as a plain 1F1B runtime issues them; one step joining both would hold the forward
+    until the backward's gradient arrived.
+    """
+    steps: list[RankStep] = []
+    for a in rank_order(pp, vpp, microbatches, rank, combined, group):
+        here = (a.stage(rank, pp), a.microbatch)
+        if a.direction == "fwd":
+            steps.append(RankStep(here, None))
+        elif combined and a.paired_with is not None:
+            if a.paired_with == (a.chunk, a.microbatch):
+                raise DependentPairError(
+                    f"combined 1F1B (pp={pp}, vpp={vpp}, microbatches={microbatches}) pairs chunk {a.chunk}'s forward "
+                    f"and backward of micro-batch {a.microbatch} on rank {rank}; the backward depends on that forward"
+                )
+            steps[-1] = RankStep(steps[-1].fwd, here)
+        else:
+            steps.append(RankStep(None, here))
+    return steps
 
 
 class DependentPairError(AssertionError):

@@ -1,9 +1,11 @@
 """From a planned module to the simulator's input.
 
-What each rank runs comes from the one interleaved-1F1B order (``passes.pipelining.order``,
-combined-1F1B variant: expert-parallel All-to-All overlaps across micro-batches, so one more
-warm-up forward per rank and every steady-state step is a forward/backward *pair*):
-warm-up forwards alone, steady-state pairs, cool-down backwards alone.
+What each rank runs are the steps the ``pipeline`` pass lowers (``passes.pipelining.shipped``):
+the steps of the module's per-rank programs when it holds them (checked against them), else
+those the pass lowers by default. One action per step: warm-up forwards alone; in the combined
+order (expert parallelism on) each steady-state step a forward/backward *pair* whose sides
+overlap, in the plain order a forward step then a backward step; cool-down backwards alone.
+Baselines (another partition, another scheduler) run the same steps.
 
 Programs (one per distinct pair of forward and backward layer lists, or lone chunk):
 
@@ -34,7 +36,7 @@ hardware file without these figures uses the inter-node All-to-All bandwidth and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -49,7 +51,8 @@ from passes.partitioning.memory import (
 )
 from passes.partitioning.ranges import Range, balanced_partition
 from passes.partitioning.stages import serially_balanced
-from passes.pipelining.order import rank_order
+from passes.pipelining.order import RankStep
+from passes.pipelining.shipped import ShippedSteps, ShippedStepsError, shipped_steps
 from passes.scheduling.methods import SCHEDULERS
 from passes.scheduling.pair_dag import BWD, FWD, PairDAG, join_sides, side_tasks
 from passes.scheduling.schedule import RESOURCES, priority_order
@@ -152,6 +155,22 @@ class SimulationBuilder:
         self.dbo_ops = DboOps(module)
         dp = options.dp if options.dp is not None else module.attrs.get("dp", 1)
         self.dp = dp if isinstance(dp, int) and not isinstance(dp, bool) and dp >= 1 else 1
+        self._steps: ShippedSteps | None = None
+
+    @property
+    def steps(self) -> ShippedSteps:
+        """Every rank's steps: those of the module's per-rank programs (checked against them), else
+        those the ``pipeline`` pass lowers by default (``pipelining.shipped``)."""
+        if self._steps is None:
+            stage_of = None
+            if any(op.op == "program" for op in self.module.plan):
+                plan = partition_ranges(self.view)
+                stage_of = {x.name: s for s in range(len(plan)) for x in self.view.stage_layers(s, plan[s])}
+            try:
+                self._steps = shipped_steps(self.module, stage_of)
+            except ShippedStepsError as err:
+                raise BuildError(str(err)) from None
+        return self._steps
 
     # ------------------------------------------------------------------ programs
 
@@ -292,28 +311,8 @@ class SimulationBuilder:
         if len(ranges) != stages:
             raise BuildError(f"{len(ranges)} stage ranges for pp × vpp = {stages} virtual stages")
         layers = [self.view.stage_layers(s, ranges[s]) for s in range(stages)]
-        ranks = []
-        for r in range(p.pp):
-            actions: list[sim.Action] = []
-            items = rank_order(p.pp, p.vpp, p.microbatches, r, combined=p.combined_1f1b)
-            k = 0
-            while k < len(items):
-                a = items[k]
-                stage = a.stage(r, p.pp)
-                if a.paired_with is not None and a.direction == "fwd":
-                    b = items[k + 1]
-                    bstage = b.stage(r, p.pp)
-                    if (stage, a.microbatch) != (bstage, b.microbatch):
-                        actions.append(sim.Action(self.program(layers[stage], layers[bstage]),
-                                                  fwd=(stage, a.microbatch), bwd=(bstage, b.microbatch)))
-                        k += 2
-                        continue
-                if a.direction == "fwd":
-                    actions.append(sim.Action(self.program(layers[stage], ()), fwd=(stage, a.microbatch)))
-                else:
-                    actions.append(sim.Action(self.program((), layers[stage]), bwd=(stage, a.microbatch)))
-                k += 1
-            ranks.append(tuple(actions))
+        ranks = step_actions(self.steps.ranks, lambda f, b: self.program(layers[f] if f is not None else (),
+                                                                           layers[b] if b is not None else ()))
         return sim.SimulationInput(
             pp=p.pp,
             vpp=p.vpp,
@@ -376,6 +375,17 @@ class SimulationBuilder:
             sum(layer_static_bytes(x, sharding, assumptions) for c in range(p.vpp) for x in layers[r + c * p.pp])
             for r in range(p.pp)
         )
+
+
+def step_actions(
+    ranks: Sequence[Sequence[RankStep]], program: Callable[[int | None, int | None], sim.Program]
+) -> tuple[tuple[sim.Action, ...], ...]:
+    """Every rank's actions: one per step, running ``program(forward stage, backward stage)``."""
+    return tuple(
+        tuple(sim.Action(program(st.fwd[0] if st.fwd else None, st.bwd[0] if st.bwd else None), fwd=st.fwd, bwd=st.bwd)
+              for st in steps)
+        for steps in ranks
+    )
 
 
 def dbo_budgets(static: SimulationResult, capacity_bytes: int, fraction: float) -> tuple[int, ...]:

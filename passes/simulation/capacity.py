@@ -296,9 +296,11 @@ def plan_capacity(
     moe = model.moe_layers
     mean = (sum(float(model.imbalance(i)[moe].mean()) for i in range(iterations)) / iterations) if moe else 1.0
     p = static_builder.parallel
+    steps = static_builder.steps
+    order = ("combined " if steps.combined else "") + ("interleaved 1F1B" if p.vpp > 1 else "1F1B")
     title = (
         f"{view.module.attrs.get('model', view.module.name)} PP={p.pp} VPP={p.vpp} EP={p.ep} TP={p.tp}, {p.microbatches} micro-batches, "
-        f"DP={static_builder.dp}"
+        f"DP={static_builder.dp}, {order}" + (" (the per-rank programs' steps)" if steps.from_programs else "")
     )
     report = CapacityReport(title, static_builder.hw.name, routing.describe(), mean, static,
                             summarize("static plan + DBO", dynamic))

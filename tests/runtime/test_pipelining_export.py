@@ -56,6 +56,17 @@ def test_every_chunk_once_and_steady_pairs_as_overlap_f_b(exported) -> None:
         assert all(position[(s, "F", m)] < position[(s, "B", m)] for s, _, m in expected)
 
 
+def test_a_plain_1f1b_plan_exports_no_overlapped_pairs() -> None:
+    # Without expert parallelism the plan runs plain 1F1B: each steady forward and backward is a
+    # step of its own, so pipelining must not wait for both inputs of a fused OVERLAP_F_B.
+    module = compile(str(TINY), hardware="h100", pp=PP, vpp=VPP, ep=1, microbatches=MICROBATCHES, seq_len=16)
+    programs = [runtime.load_plan(plan_bytes(module), rank=r) for r in range(PP)]
+    actions = export_actions(programs, StageLayout.from_programs(programs).stage_layers)
+    for rank, row in actions.items():
+        assert {a.computation_type.value for a in row} == {"F", "B"}, f"rank {rank}"
+        assert len(row) == 2 * VPP * MICROBATCHES
+
+
 def test_the_csv_is_what_pipelinings_loader_reads_back(exported, tmp_path: Path) -> None:
     from torch.distributed.pipelining.schedules import _Action
 

@@ -49,7 +49,9 @@ def enumerate_megatron(pp: int, vpp: int, m: int, rank: int, combined: bool = Fa
     total = m * vpp
     warm = pp - rank - 1 if vpp == 1 else (pp - rank - 1) * 2 + (vpp - 1) * size
     if combined:
-        warm += 1
+        # Megatron-Core refuses combined 1F1B without virtual stages; Tessera's takes the
+        # interleaved warm-up's 2 (pp - r - 1) there too, so that neighbours' pairs overlap.
+        warm = (pp - rank - 1) * 2 + 1 if vpp == 1 else warm + 1
     warm = min(warm, total)
     out: list[tuple] = [("fwd", *forwards[k], "warmup", None) for k in range(warm)]
     for k in range(total - warm):
@@ -133,6 +135,8 @@ def test_warmup_counts() -> None:
     assert [warmup_forwards(4, 1, 16, r) for r in range(4)] == [3, 2, 1, 0]
     assert [warmup_forwards(4, 2, 16, r) for r in range(4)] == [10, 8, 6, 4]
     assert [warmup_forwards(4, 2, 16, r, combined=True) for r in range(4)] == [11, 9, 7, 5]
+    # Combined at vpp = 1: 2 (pp - r - 1) + 1, neighbours two apart (see order.py's docstring).
+    assert [warmup_forwards(4, 1, 16, r, combined=True) for r in range(4)] == [7, 5, 3, 1]
     assert warmup_forwards(8, 2, 8, 0) == 16  # capped by the forwards that exist
     with pytest.raises(ValueError, match="rank must lie"):
         warmup_forwards(4, 1, 16, 4)
