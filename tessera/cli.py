@@ -34,6 +34,7 @@ from tessera.compile_cache import (
     plan_key,
 )
 from tessera.driver import EXIT_USER_ERROR, Run, run_executable, run_tool, tool_parser
+from tessera.io import check_input_name
 from tessera_ir.errors import TesseraError
 from tessera_ir.kinds import LayerRole
 from tessera_ir.model import Module
@@ -400,6 +401,8 @@ def _compile_paths(args: argparse.Namespace, run: Run) -> None:
     """Refuse, before any work, an output of tessera-compile that names one of its inputs or
     another output (``tessera-compile m.py -o m.py``)."""
     source = None if args.source.startswith("hf:") else args.source
+    if source is not None:
+        check_input_name(source, "model source")
     inputs = {"model source": source, "model config": _config_in(source), "--ledger": args.ledger,
               "--routing-trace": args.routing_trace, "--hardware file": _hardware_file(args.hardware)}
     outputs = {"-o": args.output, "--summary-json": args.summary_json, "--partition-json": args.partition_json,

@@ -114,6 +114,18 @@ def check_output_folder(path: str | Path, flag: str) -> bool:
     return False
 
 
+def check_input_name(path: str, what: str) -> None:
+    """Refuse, before any work, an input whose name the system cannot look up at all (too long,
+    a loop of links, a NUL byte); a missing file is left to the reader, which says what it expects."""
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    except (OSError, ValueError) as err:
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        raise InputError(f"{what} '{_shown(path)}': {reason.lower()}; check the path") from None
+
+
 def _identities(path: str) -> set[tuple[object, ...]]:
     """What makes ``path`` the same file as another: its resolved name (through every
     symbolic link, even one to a file not there yet) and, for a file that exists, its
