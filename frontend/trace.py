@@ -35,6 +35,7 @@ import contextlib
 import inspect
 import math
 import operator
+import re
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -148,7 +149,13 @@ class _Tracer(fx.Tracer):
 
     def call_module(self, m: nn.Module, forward: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         # Remember which non-leaf module fx is inside, to name it if tracing through it fails.
-        qualname = self.path_of_module(m)
+        try:
+            qualname = self.path_of_module(m)
+        except NameError:
+            # A module reached other than as a submodule of the traced root (a helper given
+            # `self.conv1d` by a wrapper that swapped the forward, a module held in a plain list):
+            # fx cannot name it as a call, so its operations are recorded inline, as a function's.
+            return forward(*args, **kwargs)
         if self.is_leaf_module(m, qualname):
             return super().call_module(m, forward, args, kwargs)
         self.inside.append((qualname, m))
@@ -529,6 +536,15 @@ def capture_stack(model: nn.Module, batch: int, seq_len: int, config: Any = None
     except (TypeError, AttributeError, ValueError, RuntimeError, KeyError, IndexError) as exc:
         # The stack's own Python failed under tracing (or a library refused a traced argument).
         cls = type(owner)
+        per_layer = re.search(r"'(\w+)' is a per-layer attribute", str(exc))
+        if per_layer is not None:
+            # transformers' configs with per_layer_config refuse a global read of a value that varies.
+            raise CaptureError(
+                f"cannot trace the decoder stack in {cls.__module__}.{cls.__qualname__}.forward: it reads the config's "
+                f"'{per_layer.group(1)}' once for the whole stack, but this config sets it per layer "
+                f"(per_layer_config), so no one value holds; Tessera captures stacks whose forward reads only "
+                f"values every layer shares: capture this family from a model.py whose build_model() keeps "
+                f"per-layer values inside the layers") from exc
         lines = str(exc).strip().splitlines()
         raise CaptureError(
             f"cannot trace the decoder stack in {cls.__module__}.{cls.__qualname__}.forward: "
