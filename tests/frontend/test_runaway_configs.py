@@ -90,3 +90,44 @@ def test_settings_a_plan_cannot_hold(settings: dict[str, int], words: str) -> No
 def test_the_largest_settings_a_plan_holds_are_accepted() -> None:
     assert ParallelConfig(microbatches=MAX_CHUNK_RUNS).microbatches == MAX_CHUNK_RUNS
     assert ParallelConfig(seq_len=MAX_SETTING).seq_len == MAX_SETTING
+
+
+# A seeded campaign over hostile config values: each case sets one or two size fields of a small
+# Qwen3-MoE config to a value drawn from HOSTILE and captures it; the capture either succeeds or
+# raises a one-line TesseraError, never another exception. The suite runs FUZZ_CASES cases; a long
+# campaign runs more, e.g. TESSERA_FUZZ_CONFIGS=400 .venv/bin/pytest tests/frontend/test_runaway_configs.py -k campaign
+# (seed 38; each case names its fields and values, so a failure reproduces on its own).
+FUZZ_FIELDS = ["num_hidden_layers", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_attention_heads",
+               "num_key_value_heads", "head_dim", "vocab_size", "num_experts", "num_experts_per_tok", "max_position_embeddings",
+               "layer_types", "mlp_only_layers", "decoder_sparse_step"]
+HOSTILE: list[object] = [0, -1, 1, 3, 7, 10**9, 2**63, "many", "", None, True, 1.5, -0.0, [], [1], {"a": 1}]
+SMALL = {"model_type": "qwen3_moe", "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
+         "moe_intermediate_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+         "vocab_size": 128, "num_experts": 4, "num_experts_per_tok": 2}
+
+
+def _fuzz_cases(count: int, seed: int = 38) -> list[dict[str, object]]:
+    import random
+
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(count):
+        fields = rng.sample(FUZZ_FIELDS, rng.choice([1, 1, 2]))
+        cases.append({name: rng.choice(HOSTILE) for name in fields})
+    return cases
+
+
+FUZZ_CASES = int(__import__("os").environ.get("TESSERA_FUZZ_CONFIGS", "10"))
+
+
+@pytest.mark.parametrize("mutation", _fuzz_cases(FUZZ_CASES), ids=lambda m: ",".join(f"{k}={v!r}"[:40] for k, v in m.items()))
+def test_campaign_of_hostile_config_values(tmp_path: Path, mutation: dict[str, object]) -> None:
+    from frontend import capture
+    from tessera_ir.errors import TesseraError
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**SMALL, **mutation}))
+    try:
+        capture(str(path), overrides={"seq_len": 64, "tp": 1, "ep": 1})
+    except TesseraError as err:
+        assert "\n" not in str(err).strip()
