@@ -164,3 +164,11 @@ def test_standard_streams_and_missing_paths_take_no_part() -> None:
 
     check_outputs_apart({"input": "-", "--ledger": None}, {"-o": "-", "--summary-json": None})
     check_outputs_apart({"input": "x" * 100_000}, {"-o": "y" * 100_000})  # names too long to stat are compared as names
+
+
+def test_the_command_line_of_the_issue_in_a_fresh_process(work: Path) -> None:
+    """`tessera-compile m.py -o m.py` as a user types it: refused, the model source unchanged."""
+    from .test_cli_failures import fails_cleanly
+
+    fails_cleanly("tessera-compile", ["m.py", "-o", "m.py"], work, "-o m.py: that is the model source",
+                  "destroy the input")
