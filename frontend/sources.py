@@ -77,9 +77,12 @@ def _build_hf(config: Any) -> nn.Module:
             except ValueError:  # no causal-LM head registered for this type: the bare model
                 return AutoModel.from_config(config)
         except Exception as exc:  # noqa: BLE001 - transformers raises many types for a config it cannot build
+            # torch's messages can carry its C++ stack after the first line: the first says what failed.
+            lines = str(exc).strip().splitlines()
+            said = lines[0][:300] if lines else ""
             raise SourceError(
                 f"transformers cannot build a '{config.model_type}' model from this config "
-                f"({type(exc).__name__}: {exc}); fix the config fields it names") from exc
+                f"({type(exc).__name__}: {said}); fix the config fields it names") from exc
 
 
 def _hf_config(model_type: str, overrides: dict[str, Any]) -> Any:
