@@ -313,6 +313,14 @@ def _first_tensor_node(node: fx.Node) -> fx.Node | None:
     return None
 
 
+def _is_embedding(module: nn.Module) -> bool:
+    """A token embedding: an ``nn.Embedding``, or a module holding a 2-D weight (a vocabulary table)."""
+    if isinstance(module, nn.Embedding) or hasattr(module, "num_embeddings"):
+        return True
+    weight = getattr(module, "weight", None)
+    return isinstance(weight, torch.Tensor) and weight.dim() == 2
+
+
 def _producer_module(node: fx.Node | None) -> fx.Node | None:
     """Walk back through glue (getitem, views, adds of one stream) to the call_module that made a value."""
     seen: fx.Node | None = node
@@ -558,6 +566,17 @@ def capture_stack(model: nn.Module, batch: int, seq_len: int, config: Any = None
     if first_hidden is None or first_hidden.op != "call_module":
         raise CaptureError(f"the input of '{prefix}{layer_nodes[0].target}' does not come from an embedding module")
     embed_target = str(first_hidden.target)
+    # A norm (or other weightless step) between the embedding and the first layer (NanoChat normalises
+    # the embedded tokens): the embedding is further back; the norm still marks where layer 0's input
+    # comes from.
+    source: fx.Node | None = first_hidden
+    while source is not None and source.op == "call_module" and not _is_embedding(owner.get_submodule(str(source.target))):
+        source = _producer_module(_first_tensor_node(source))
+    if source is None or source.op != "call_module":
+        raise CaptureError(
+            f"the input of '{prefix}{layer_nodes[0].target}' comes from '{prefix}{embed_target}', not from an embedding "
+            "module (nn.Embedding, or a module holding a [vocab, hidden] weight)")
+    embed_target = str(source.target)
     # The final norm: the first module applied to the last layer's output.
     norm_target = None
     last = layer_nodes[-1]

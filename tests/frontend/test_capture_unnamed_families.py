@@ -7,6 +7,8 @@ against what transformers builds from the same default config).
   shared experts as fused 3-D weights, and a short convolution whose forward hands ``self.conv1d`` to a
   helper through a wrapper fx cannot name (``path_of_module`` raised NameError: an internal error).
 - ZAYA: a router that projects the hidden state down and scores experts through a small MLP.
+- NanoChat: a weightless norm between the embedding and the first layer (the embedding was taken for
+  that norm: an internal AttributeError).
 """
 
 from __future__ import annotations
@@ -127,7 +129,10 @@ def test_stacks_that_cannot_be_planned_are_one_clear_refusal(model_type: str, wo
 # default config (a campaign over every installed type is `bench/bench_families.py --families ...`).
 PROBED = ["lfm2", "falcon_h1", "zamba", "zamba2", "bamba", "granitemoehybrid", "llama4_text", "dots3_note",
           "mistral_large4", "afmoe", "inkling_text", "zaya", "lfm3", "nemotron_h", "xlstm", "mamba2", "falcon_mamba",
-          "gemma3n_text", "gemma4_text", "hunyuan_v1_moe", "dbrx"]
+          "gemma3n_text", "gemma4_text", "hunyuan_v1_moe", "dbrx",
+          # a second round, over causal-LM types neither MoE nor hybrid by their default config
+          "nanochat", "blt", "dory", "hrm_text", "mllama", "kolibri1_1", "rwkv", "inkling2_loop_text", "dots1",
+          "cohere_compass_text", "minicpm5_moe", "param2moe", "ergo"]
 
 
 @pytest.mark.parametrize("model_type", PROBED)
@@ -140,3 +145,9 @@ def test_every_probed_family_is_captured_or_refused_as_a_user_error(model_type: 
         assert "\n" not in str(err)
         return
     assert collect_errors(module) == []
+
+
+def test_a_norm_between_the_embedding_and_the_first_layer() -> None:
+    module = capture("hf:nanochat", overrides={"seq_len": 512, "tp": 1})
+    assert module.layers[0].path == "model.embed_tokens"
+    assert _parameters_ir(module) == _parameters_model("nanochat")
