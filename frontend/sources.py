@@ -149,9 +149,12 @@ def _load_config_file(path: Path) -> LoadedSource:
     data = dict(data)
     # Before transformers reads them: it lists a type for every layer of the stack up front.
     _check_sizes(data, _shown(file))
-    for value in data.values():
-        if isinstance(value, dict) and "num_hidden_layers" in value:  # text_config and the like
-            _check_sizes(value, _shown(file))
+    nested = [value for value in data.values() if isinstance(value, dict)]  # text_config, thinker_config, ...
+    for _ in range(3):
+        for value in nested:
+            if "num_hidden_layers" in value:
+                _check_sizes(value, _shown(file))
+        nested = [inner for value in nested for inner in value.values() if isinstance(inner, dict)]
     model_type = data.pop("model_type")
     try:
         config = _hf_config(str(model_type), data)

@@ -54,9 +54,15 @@ def test_other_sizes_must_be_positive(tmp_path: Path, never_built: None, field: 
         load_source(write_config(tmp_path, **{field: -1}))
 
 
-def test_the_text_config_of_a_multimodal_config_is_checked_too(tmp_path: Path, never_built: None) -> None:
+@pytest.mark.parametrize("nesting", [
+    {"model_type": "qwen3_vl_moe", "text_config": {"num_hidden_layers": 0}},
+    {"model_type": "qwen3_omni_moe", "thinker_config": {"text_config": {"num_hidden_layers": 0}}},
+])
+def test_the_text_config_of_a_multimodal_config_is_checked_too(
+    tmp_path: Path, never_built: None, nesting: dict[str, object]
+) -> None:
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({"model_type": "qwen3_vl_moe", "text_config": {"num_hidden_layers": 0}}))
+    path.write_text(json.dumps(nesting))
     with pytest.raises(ConfigFileError, match='"num_hidden_layers" must be a positive integer, got 0'):
         load_source(str(path))
 
