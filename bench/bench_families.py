@@ -189,7 +189,12 @@ def run_family(model_type: str, seq_len: int) -> dict[str, Any]:
     cfg = _text_config(config)
     row["layers"] = len(layers)
     row["config_layers"] = getattr(cfg, "num_hidden_layers", None)
-    row["kinds"] = [f"{CODES[layer.mixer.value]}{FFN_CODES[layer.ffn.value]}" for layer in layers]
+    # A layer running several mixers side by side (attention beside Mamba) shows each: "ZAd".
+    row["kinds"] = [
+        "".join(CODES[str(kind)] for kind in (layer.attrs.get("mixers") or [layer.mixer.value]))  # type: ignore[union-attr]
+        + FFN_CODES[layer.ffn.value]
+        for layer in layers
+    ]
     declared = declared_layer_types(cfg, len(layers))
     if any(d is not None for d in declared):
         row["declared_mismatch"] = [layer.index for layer, d in zip(layers, declared)

@@ -78,7 +78,7 @@ def _mixer_work(block: Block, shape: list[int], p: ParallelConfig) -> costs.Work
                       saved=costs.inner_inputs(tokens, block.linears, hidden, p.tp))
     if block.kind in (MixerKind.ATTENTION, MixerKind.SLIDING_ATTENTION, MixerKind.MLA):
         core = costs.attention_core(batch, seq, block.heads, block.head_dim_qk, block.head_dim_v, block.window, p.tp,
-                                    block.kv_heads or block.heads, p.cp)
+                                    block.kv_heads or block.heads, p.cp, block.attention_chunk)
         heads = -(-block.heads // p.tp)
         if block.kind is MixerKind.MLA and p.recomputes("mla_up_proj"):
             # Q, K, V come back from the latents: only the softmax statistics stay; the
@@ -140,7 +140,10 @@ def _layer_work(trace: LayerTrace, p: ParallelConfig) -> _LayerWork:
             lw.num_experts, lw.top_k = block.num_experts, block.top_k
             t_r = costs.moe_tokens_per_rank(tokens, p.tp)
             routed = t_r * block.top_k
-            router = costs.Work(gemms=[costs.Gemm(t_r, block.num_experts, block.hidden)],
+            # A router of several matrices (a projection and a small MLP) multiplies by each of them.
+            router_gemms = [costs.Gemm(t_r, n_out, n_in) for n_in, n_out in block.router_linears] or \
+                [costs.Gemm(t_r, block.num_experts, block.hidden)]
+            router = costs.Work(gemms=router_gemms,
                                 weight_elements=block.router_params, saved=t_r * block.num_experts * costs.FP32_ELEMENTS,
                                 shapes=[[t_r, hidden], [t_r, block.num_experts]])
             experts = costs.expert_work(t_r, block.top_k, block.expert_matrices, block.expert_params,
@@ -470,6 +473,9 @@ def capture(source: str | nn.Module, parallel: ParallelConfig | None = None, ove
                       attrs={"parameters": lw.params})
         if len(lw.mixers) > 1:
             layer.attrs["mixers"] = list(lw.mixers)  # type: ignore[assignment]
+        chunks = [b.attention_chunk for b in _mixer_blocks(trace) if b.attention_chunk]
+        if chunks:
+            layer.attrs["attention_chunk"] = max(chunks)  # chunked attention: its FLOPs are the chunks'
         sources = {b.source for b in _mixer_blocks(trace)} & {"override", "structure"}
         if sources:
             layer.attrs["mixer_source"] = sorted(sources)[0]
@@ -519,7 +525,15 @@ def _head(model: nn.Module, stack: StackTrace, vocab: int) -> tuple[str, int]:
         candidates = [m for m in near if isinstance(m, nn.Linear) and m.out_features == vocab]
         projection = candidates[-1] if candidates else None
     if projection is None:
-        return stack.norm_path or "", sum(rest.values())
+        # A bare language model (transformers builds some types only as ``*TextModel``): the plan
+        # still trains it with a vocabulary projection, whose compute the head counts, so it holds
+        # that projection's weights too, as the causal LM of the same config would.
+        hidden = stack.layers[0].input_shape[-1] if stack.layers else 0
+        warnings.warn(
+            f"{type(model).__name__} has no output projection (transformers built the bare model); the head "
+            f"is planned with the [{vocab}, {hidden}] vocabulary projection a causal LM of this config adds",
+            CaptureWarning, stacklevel=3)
+        return stack.norm_path or "", sum(rest.values()) + vocab * hidden
     path = next((n for n, m in model.named_modules() if m is projection), "")
     for q in projection.parameters():
         rest[id(q)] = q.numel()

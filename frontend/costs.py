@@ -184,19 +184,24 @@ def inner_inputs(tokens: int, linears: list[tuple[int, int]], hidden: int, tp: i
     return sum(tokens * _split(fan_in, tp) for fan_in, _ in linears if fan_in != hidden)
 
 
-def causal_pairs(seq: int, window: int | None = None) -> int:
+def causal_pairs(seq: int, window: int | None = None, chunk: int | None = None) -> int:
     """Query-key pairs a causal mask keeps: sum over queries i = 1..S of min(i, W).
 
     Full causal: S(S+1)/2 (about half of S^2). Sliding window W < S:
-    W(W+1)/2 + (S - W) * W.
+    W(W+1)/2 + (S - W) * W. Chunked attention (chunks of C tokens, each query attending causally
+    within its own chunk; S = qC + r): q C(C+1)/2 + r(r+1)/2, about S C / 2 -- at S = 4C a
+    quarter of full causal attention.
     """
+    if chunk is not None and chunk < seq:
+        whole, rest = divmod(seq, chunk)
+        return whole * chunk * (chunk + 1) // 2 + rest * (rest + 1) // 2
     if window is None or window >= seq:
         return seq * (seq + 1) // 2
     return window * (window + 1) // 2 + (seq - window) * window
 
 
 def attention_core(batch: int, seq: int, heads: int, d_qk: int, d_v: int, window: int | None, tp: int = 1,
-                   kv_heads: int | None = None, cp: int = 1) -> Work:
+                   kv_heads: int | None = None, cp: int = 1, chunk: int | None = None) -> Work:
     """Scores Q K^T (2 * d_qk per pair) and the weighted sum of V (2 * d_v per pair) per head.
 
     ``FLOPs = 2 * B * (heads/TP) * pairs * (d_qk + d_v) / CP`` with ``pairs`` from
@@ -211,7 +216,7 @@ def attention_core(batch: int, seq: int, heads: int, d_qk: int, d_v: int, window
     h = _split(heads, tp)
     kv = _split(kv_heads or heads, tp)
     tokens = batch * seq // cp
-    pairs = causal_pairs(seq, window)
+    pairs = causal_pairs(seq, window, chunk)
     flops = 2 * batch * h * pairs * (d_qk + d_v) // cp
     elements = tokens * h * (2 * d_qk + 2 * d_v)
     saved = tokens * (h * d_qk + kv * (d_qk + d_v)) + tokens * h * FP32_ELEMENTS

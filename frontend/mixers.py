@@ -35,7 +35,7 @@ from torch import nn
 
 from frontend.behaviour import Behaviour
 from frontend.errors import LayerKindError, UnrecognisedLayerError
-from frontend.recognizers import Block, attention_window, first_attr, linear_shapes, param_count
+from frontend.recognizers import Block, attention_chunk, attention_window, first_attr, linear_shapes, param_count
 from tessera_ir.kinds import MixerKind
 
 SOFTMAX_KINDS = frozenset({MixerKind.ATTENTION, MixerKind.SLIDING_ATTENTION, MixerKind.MLA})
@@ -188,6 +188,7 @@ def sized_as(module: nn.Module, path: str, kind: MixerKind, structural: Block | 
                 raise LayerKindError(f"layer {layer}: '{path}' ({_class_name(module)}) has no sliding_window (on "
                                      f"the module or its config) to count it as sliding_attention; use attention")
             sizes["window"] = window if kind is MixerKind.SLIDING_ATTENTION else None
+            sizes["attention_chunk"] = attention_chunk(module, config) if kind is MixerKind.SLIDING_ATTENTION else None
     elif kind is MixerKind.SSM:
         sizes = _ssm_sizes(module, behaviour, config)
     else:

@@ -66,6 +66,7 @@ class Block:
     head_dim_qk: int = 0
     head_dim_v: int = 0
     window: int | None = None
+    attention_chunk: int | None = None  # chunked attention: queries see their own chunk only (window = chunk)
     # linear attention and ssm
     k_heads: int = 0
     v_heads: int = 0
@@ -80,6 +81,7 @@ class Block:
     top_k: int = 0
     hidden: int = 0
     router_params: int = 0
+    router_linears: list[tuple[int, int]] = field(default_factory=list)  # (in, out) of each router matrix, when it has several
     expert_matrices: list[tuple[int, int]] = field(default_factory=list)  # per expert, (rows, cols) of each weight
     expert_params: int = 0  # all expert parameters (all experts, biases included)
     shared_linears: list[tuple[int, int]] = field(default_factory=list)
@@ -134,6 +136,39 @@ def param_count(module: nn.Module) -> int:
 
 def linear_shapes(module: nn.Module) -> list[tuple[int, int]]:
     return [(m.in_features, m.out_features) for m in module.modules() if isinstance(m, nn.Linear)]
+
+
+def matmul_shapes(module: nn.Module) -> list[tuple[int, int]]:
+    """(in, out) of every matrix ``module`` multiplies a token by: its ``nn.Linear`` modules (and
+    subclasses), and each slice of a fused 3-D weight ``[n, out, in]`` (shared experts kept as one
+    tensor), n times."""
+    shapes = linear_shapes(module)
+    linears = {id(m.weight) for m in module.modules() if isinstance(m, nn.Linear)}
+    for param in module.parameters():
+        if param.dim() == 3 and id(param) not in linears and param.shape[1] > 1 and param.shape[2] > 1:
+            shapes += [(int(param.shape[2]), int(param.shape[1]))] * int(param.shape[0])
+    return shapes
+
+
+def _nested_router(
+    module: nn.Module, experts_name: str, num_experts: int, expert_dims: set[int]
+) -> tuple[str, torch.Tensor, int] | None:
+    """A router held a level down (``router.gate``, ``gate.down_proj`` then a small MLP, a Linear
+    kept in fp32): a child, not the experts, holding a matrix that reads the experts' input
+    (``[*, hidden]``) and one whose rows are the experts' scores (``[E + extra, *]``). A few extra
+    rows are allowed: some routers score their shared experts or a "no expert" choice beside the
+    routed ones (at most an eighth of E more, and at least 2). Returns (child name, the scoring
+    matrix, hidden)."""
+    extra = max(2, num_experts // 8)
+    for name, child in module.named_children():
+        if name == experts_name or isinstance(child, nn.modules.conv._ConvNd):
+            continue
+        matrices = [p for p in child.parameters() if p.dim() == 2]
+        reads = [int(p.shape[1]) for p in matrices if int(p.shape[1]) in expert_dims]
+        scores = [p for p in matrices if num_experts <= p.shape[0] <= num_experts + extra]
+        if reads and scores:
+            return name, scores[-1], reads[0]
+    return None
 
 
 def _child_linear(module: nn.Module, *names: str) -> nn.Linear | None:
@@ -216,13 +251,20 @@ def moe(module: nn.Module, ctx: RecognizeContext) -> Block | None:
             if param.dim() == 2 and param.shape[0] == num_experts:
                 router_name, router_weight = name, param
                 break
-    if router_weight is None:
-        return None
-    hidden = int(router_weight.shape[1])
     if isinstance(experts, nn.ModuleList):
         matrices = [(lin.out_features, lin.in_features) for lin in experts[0].modules() if isinstance(lin, nn.Linear)]
     else:
         matrices = [(int(p.shape[1]), int(p.shape[2])) for p in experts.parameters(recurse=False) if p.dim() == 3]
+    router_linears: list[tuple[int, int]] = []
+    if router_weight is not None:
+        hidden = int(router_weight.shape[1])
+    else:
+        nested = _nested_router(module, experts_name or "", num_experts, {d for m in matrices for d in m})
+        if nested is None:
+            return None
+        router_name, router_weight, hidden = nested
+        router_linears = [(int(p.shape[1]), int(p.shape[0])) for p in module.get_submodule(router_name).parameters()
+                          if p.dim() == 2]
     if not any(hidden in m for m in matrices):
         return None  # the "router" does not read the experts' input: not a router
     router = module._modules.get(router_name) if router_name in module._modules else None
@@ -243,9 +285,10 @@ def moe(module: nn.Module, ctx: RecognizeContext) -> Block | None:
         top_k=top_k,
         hidden=hidden,
         router_params=router_params,
+        router_linears=router_linears,
         expert_matrices=matrices,
         expert_params=param_count(experts),
-        shared_linears=[lin for c in shared for lin in linear_shapes(c)],
+        shared_linears=[lin for c in shared for lin in matmul_shapes(c)],
         shared_params=sum(param_count(c) for c in shared),
     )
 
@@ -325,7 +368,25 @@ def attention(module: nn.Module, ctx: RecognizeContext) -> Block | None:
     window = attention_window(module, config)
     kind = MixerKind.SLIDING_ATTENTION if window else MixerKind.ATTENTION
     return Block("mixer", kind, ctx.path, module, params=param_count(module), linears=linear_shapes(module), heads=int(heads),
-                 kv_heads=int(kv_heads), head_dim_qk=int(head_dim), head_dim_v=int(head_dim), window=window)
+                 kv_heads=int(kv_heads), head_dim_qk=int(head_dim), head_dim_v=int(head_dim), window=window,
+                 attention_chunk=attention_chunk(module, config))
+
+
+def attention_chunk(module: nn.Module, config: Any) -> int | None:
+    """The chunk of chunked attention (Llama 4's local layers: the sequence cut into chunks of
+    ``attention_chunk_size`` tokens, each query attending causally within its own chunk), or None.
+
+    Read where transformers decides it: the config's ``layer_types`` entry of the module's
+    ``layer_idx`` names chunked attention.
+    """
+    index = getattr(module, "layer_idx", None)
+    types = getattr(config, "layer_types", None) if config is not None else None
+    if not isinstance(index, int) or not isinstance(types, (list, tuple)) or not 0 <= index < len(types):
+        return None
+    if "chunk" not in str(types[index]).lower():
+        return None
+    size = first_attr([module, config], "attention_chunk_size")
+    return int(size) if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
 
 
 def attention_window(module: nn.Module, config: Any) -> int | None:
@@ -337,6 +398,9 @@ def attention_window(module: nn.Module, config: Any) -> int | None:
     for every layer, Mistral style).
     """
     window: Any
+    chunk = attention_chunk(module, config)
+    if chunk is not None:
+        return chunk  # local attention too: no query sees further back than its chunk
     if getattr(module, "is_sliding", None) is False:
         return None  # a full-attention layer of a mixed stack that keeps the config's window around
     if hasattr(module, "sliding_window"):

@@ -29,6 +29,15 @@ from frontend.layer_kinds import layer_kinds_table
 from tessera_ir.kinds import MixerKind
 
 WORKLOADS_DIR = Path(__file__).resolve().parent / "workloads"
+# The deepest decoder stack a config may declare. The largest published stacks hold a few
+# hundred layers; transformers builds (and for a config without ``layer_types``, lists the type
+# of) every layer before capture sees one, so a count of 10^9 would fill memory first.
+MAX_DECODER_LAYERS = 10_000
+# Sizes every config must give as a positive integer when it gives them at all: a zero or a
+# negative one builds a model without layers, heads or weights, which fails later and elsewhere.
+# (Not every size: some configs give 0 on purpose, head_dim = 0 for "derive it", num_experts = 0
+# for a dense model.)
+_POSITIVE_SIZES = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
 _KNOWN_EXAMPLES = ["qwen3_next", "qwen3_moe", "deepseek_v3", "mixtral", "gpt_oss", "olmoe", "qwen2_moe", "jamba"]
 
 
@@ -68,9 +77,12 @@ def _build_hf(config: Any) -> nn.Module:
             except ValueError:  # no causal-LM head registered for this type: the bare model
                 return AutoModel.from_config(config)
         except Exception as exc:  # noqa: BLE001 - transformers raises many types for a config it cannot build
+            # torch's messages can carry its C++ stack after the first line: the first says what failed.
+            lines = str(exc).strip().splitlines()
+            said = lines[0][:300] if lines else ""
             raise SourceError(
                 f"transformers cannot build a '{config.model_type}' model from this config "
-                f"({type(exc).__name__}: {exc}); fix the config fields it names") from exc
+                f"({type(exc).__name__}: {said}); fix the config fields it names") from exc
 
 
 def _hf_config(model_type: str, overrides: dict[str, Any]) -> Any:
@@ -81,6 +93,45 @@ def _hf_config(model_type: str, overrides: dict[str, Any]) -> Any:
         known = [k for k in _KNOWN_EXAMPLES if k in CONFIG_MAPPING]
         raise UnknownModelTypeError(model_type, known)
     return AutoConfig.for_model(model_type, **overrides)
+
+
+def _shown(path: object) -> str:
+    text = str(path)
+    return text if len(text) <= 200 else text[:120] + "..." + text[-60:]
+
+
+def _check_sizes(values: dict[str, Any], where: str) -> None:
+    """Refuse a size in ``values`` (a config's fields) that is not a positive integer, and a
+    decoder stack deeper than :data:`MAX_DECODER_LAYERS`, naming the field."""
+    for name in _POSITIVE_SIZES:
+        value = values.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigFileError(where, f"\"{name}\" must be a positive integer, got {_spell(value)}")
+    layers = values.get("num_hidden_layers")
+    if isinstance(layers, int) and layers > MAX_DECODER_LAYERS:
+        raise ConfigFileError(
+            where, f"\"num_hidden_layers\" is {layers}, more decoder layers than Tessera plans "
+            f"(at most {MAX_DECODER_LAYERS}); give the model's real layer count"
+        )
+
+
+def _spell(value: object) -> str:
+    text = json.dumps(value) if isinstance(value, (str, int, float, bool)) or value is None else type(value).__name__
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _config_sizes(config: Any) -> dict[str, Any]:
+    return {name: getattr(config, name) for name in _POSITIVE_SIZES if hasattr(config, name)}
+
+
+def _check_config(config: Any, where: str) -> None:
+    """:func:`_check_sizes` on a built HF config and on its language model's config."""
+    _check_sizes(_config_sizes(config), where)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if text is not config:
+        _check_sizes(_config_sizes(text), where)
 
 
 def _load_config_file(path: Path) -> LoadedSource:
@@ -96,11 +147,22 @@ def _load_config_file(path: Path) -> LoadedSource:
     if not isinstance(data, dict) or "model_type" not in data:
         raise ConfigFileError(str(file), "it has no \"model_type\" field")
     data = dict(data)
+    # Before transformers reads them: it lists a type for every layer of the stack up front.
+    _check_sizes(data, _shown(file))
+    nested = [value for value in data.values() if isinstance(value, dict)]  # text_config, thinker_config, ...
+    for _ in range(3):
+        for value in nested:
+            if "num_hidden_layers" in value:
+                _check_sizes(value, _shown(file))
+        nested = [inner for value in nested for inner in value.values() if isinstance(inner, dict)]
     model_type = data.pop("model_type")
     try:
         config = _hf_config(str(model_type), data)
-    except (ValueError, TypeError) as exc:
-        raise ConfigFileError(str(file), f"transformers rejects it: {exc}") from exc
+    except SourceError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - transformers' validators raise their own types; each names the field
+        raise ConfigFileError(_shown(file), f"transformers rejects it: {' '.join(str(exc).split())}") from exc
+    _check_config(config, _shown(file))
     return LoadedSource(_build_hf(config), str(model_type), config, suggested_parallel(config))
 
 
@@ -167,6 +229,14 @@ def load_source(source: str | nn.Module | os.PathLike[str]) -> LoadedSource:
         name = model_type if isinstance(model_type, str) and model_type else type(source).__name__
         return LoadedSource(source, name, config)
     text = os.fspath(source)
+    if not text.startswith("hf:"):
+        try:
+            Path(text).stat()
+        except (FileNotFoundError, NotADirectoryError):
+            pass  # said below, with what the source should be
+        except (OSError, ValueError) as err:  # a name too long, a loop of links, a NUL byte
+            reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+            raise ConfigFileError(_shown(text), reason.lower()) from None
     if text.startswith("hf:"):
         config = _hf_config(text[3:], {})
         return LoadedSource(_build_hf(config), text[3:], config, suggested_parallel(config))

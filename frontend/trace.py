@@ -35,6 +35,7 @@ import contextlib
 import inspect
 import math
 import operator
+import re
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -148,7 +149,13 @@ class _Tracer(fx.Tracer):
 
     def call_module(self, m: nn.Module, forward: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         # Remember which non-leaf module fx is inside, to name it if tracing through it fails.
-        qualname = self.path_of_module(m)
+        try:
+            qualname = self.path_of_module(m)
+        except NameError:
+            # A module reached other than as a submodule of the traced root (a helper given
+            # `self.conv1d` by a wrapper that swapped the forward, a module held in a plain list):
+            # fx cannot name it as a call, so its operations are recorded inline, as a function's.
+            return forward(*args, **kwargs)
         if self.is_leaf_module(m, qualname):
             return super().call_module(m, forward, args, kwargs)
         self.inside.append((qualname, m))
@@ -304,6 +311,14 @@ def _first_tensor_node(node: fx.Node) -> fx.Node | None:
         if isinstance(arg, fx.Node):
             return arg
     return None
+
+
+def _is_embedding(module: nn.Module) -> bool:
+    """A token embedding: an ``nn.Embedding``, or a module holding a 2-D weight (a vocabulary table)."""
+    if isinstance(module, nn.Embedding) or hasattr(module, "num_embeddings"):
+        return True
+    weight = getattr(module, "weight", None)
+    return isinstance(weight, torch.Tensor) and weight.dim() == 2
 
 
 def _producer_module(node: fx.Node | None) -> fx.Node | None:
@@ -529,6 +544,15 @@ def capture_stack(model: nn.Module, batch: int, seq_len: int, config: Any = None
     except (TypeError, AttributeError, ValueError, RuntimeError, KeyError, IndexError) as exc:
         # The stack's own Python failed under tracing (or a library refused a traced argument).
         cls = type(owner)
+        per_layer = re.search(r"'(\w+)' is a per-layer attribute", str(exc))
+        if per_layer is not None:
+            # transformers' configs with per_layer_config refuse a global read of a value that varies.
+            raise CaptureError(
+                f"cannot trace the decoder stack in {cls.__module__}.{cls.__qualname__}.forward: it reads the config's "
+                f"'{per_layer.group(1)}' once for the whole stack, but this config sets it per layer "
+                f"(per_layer_config), so no one value holds; Tessera captures stacks whose forward reads only "
+                f"values every layer shares: capture this family from a model.py whose build_model() keeps "
+                f"per-layer values inside the layers") from exc
         lines = str(exc).strip().splitlines()
         raise CaptureError(
             f"cannot trace the decoder stack in {cls.__module__}.{cls.__qualname__}.forward: "
@@ -542,6 +566,17 @@ def capture_stack(model: nn.Module, batch: int, seq_len: int, config: Any = None
     if first_hidden is None or first_hidden.op != "call_module":
         raise CaptureError(f"the input of '{prefix}{layer_nodes[0].target}' does not come from an embedding module")
     embed_target = str(first_hidden.target)
+    # A norm (or other weightless step) between the embedding and the first layer (NanoChat normalises
+    # the embedded tokens): the embedding is further back; the norm still marks where layer 0's input
+    # comes from.
+    source: fx.Node | None = first_hidden
+    while source is not None and source.op == "call_module" and not _is_embedding(owner.get_submodule(str(source.target))):
+        source = _producer_module(_first_tensor_node(source))
+    if source is None or source.op != "call_module":
+        raise CaptureError(
+            f"the input of '{prefix}{layer_nodes[0].target}' comes from '{prefix}{embed_target}', not from an embedding "
+            "module (nn.Embedding, or a module holding a [vocab, hidden] weight)")
+    embed_target = str(source.target)
     # The final norm: the first module applied to the last layer's output.
     norm_target = None
     last = layer_nodes[-1]

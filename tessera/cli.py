@@ -34,6 +34,7 @@ from tessera.compile_cache import (
     plan_key,
 )
 from tessera.driver import EXIT_USER_ERROR, Run, run_executable, run_tool, tool_parser
+from tessera.io import check_input_name
 from tessera_ir.errors import TesseraError
 from tessera_ir.kinds import LayerRole
 from tessera_ir.model import Module
@@ -396,6 +397,39 @@ def _parsed_later(
     return get
 
 
+def _compile_paths(args: argparse.Namespace, run: Run) -> None:
+    """Refuse, before any work, an output of tessera-compile that names one of its inputs or
+    another output (``tessera-compile m.py -o m.py``)."""
+    source = None if args.source.startswith("hf:") else args.source
+    if source is not None:
+        check_input_name(source, "model source")
+    inputs = {"model source": source, "model config": _config_in(source), "--ledger": args.ledger,
+              "--routing-trace": args.routing_trace, "--hardware file": _hardware_file(args.hardware)}
+    outputs = {"-o": args.output, "--summary-json": args.summary_json, "--partition-json": args.partition_json,
+               "--report-json": args.report_json, "--trace": args.trace, "--timeline": args.timeline,
+               "--dump-dir": args.dump_dir}
+    run.keep_apart(inputs, outputs)
+
+
+def _config_in(source: str | None) -> str | None:
+    """The config.json a folder given as the model source holds."""
+    return str(Path(source) / "config.json") if source is not None and _is_folder(source) else None
+
+
+def _is_folder(path: str) -> bool:
+    try:
+        return Path(path).is_dir()
+    except (OSError, ValueError):
+        return False
+
+
+def _hardware_file(hardware: str | None) -> str | None:
+    """``--hardware`` when it names a description file rather than a shipped target."""
+    from passes.costs.hardware import is_shipped_name
+
+    return None if hardware is None or is_shipped_name(hardware) else hardware
+
+
 def _compile(args: argparse.Namespace, run: Run) -> int:
     # Nothing here imports torch or transformers: a compile served from the cache never does.
     from passes.manager import parse_pipeline
@@ -409,6 +443,7 @@ def _compile(args: argparse.Namespace, run: Run) -> int:
             "nothing to do: give -o FILE, --summary-json FILE, --partition-json FILE, --report, --report-json FILE, "
             "--trace FILE or --timeline FILE"
         )
+    _compile_paths(args, run)
     emit = args.emit or ("tsb" if args.output and args.output.endswith(".tsb") else "ir")
     output = _plan_output(run, args.output, emit)
     summary = run.output_file(args.summary_json, "--summary-json") if args.summary_json else None
@@ -579,6 +614,8 @@ def _opt(args: argparse.Namespace, run: Run) -> int:
         _list_passes()
         return 0
     passes = parse_pipeline(args.passes) if args.passes.strip() else []  # bad pipelines fail before reading input
+    run.keep_apart({"input": args.input, "--hardware file": _hardware_file(args.hardware)},
+                   {"-o": args.output, "--dump-dir": args.dump_dir})
     emit = "tsb" if args.output.endswith(".tsb") else "ir"
     if emit == "tsb" and args.split_input_file:
         raise TesseraError(f"-o {args.output}: --split-input-file writes textual IR only; name the output .tir")
@@ -681,6 +718,7 @@ def _dis(args: argparse.Namespace, run: Run) -> int:
     from codegen.disassembler import assemble, disassemble
     from tessera.io import read_bytes
 
+    run.keep_apart({"input": args.input}, {"-o": args.output})
     output = run.output_file(args.output, "-o")
     raw = read_bytes(args.input)
     if args.assemble:

@@ -34,7 +34,14 @@ from pathlib import Path
 from typing import NoReturn
 
 from runtime.errors import PlanError
-from tessera.io import check_output_file, check_output_folder, read_text, write_atomic, write_files
+from tessera.io import (
+    check_output_file,
+    check_output_folder,
+    check_outputs_apart,
+    read_text,
+    write_atomic,
+    write_files,
+)
 from tessera_ir.errors import TesseraError
 from tessera_ir.model import Module
 from tessera_ir.parser import parse_module
@@ -65,6 +72,13 @@ class Run:
         self.tool = tool
         self._files: dict[str, bytes | None] = {}  # absolute path or "-" -> data (None until added)
         self._folders: dict[str, tuple[Path, bool]] = {}  # absolute path -> (as given, exists)
+        self._inputs: dict[str, str | None] = {}  # what names each input -> its path
+
+    def keep_apart(self, inputs: dict[str, str | None], outputs: dict[str, str | None]) -> None:
+        """Refuse now an output that names an input or another output (:func:`check_outputs_apart`);
+        files later written into an output folder are checked against the same inputs."""
+        check_outputs_apart(inputs, outputs)
+        self._inputs = dict(inputs)
 
     def note(self, message: str) -> None:
         print(f"{self.tool}: {message}", file=sys.stderr)
@@ -114,12 +128,14 @@ class Run:
                 raise AssertionError(f"output {path} was not declared before the work started")
             if folder[1]:  # in a folder that exists already: checked once its name is known
                 check_output_file(str(path), "output")
+                check_outputs_apart(self._inputs, {"output": str(path)})
         self._files[key] = data.encode() if isinstance(data, str) else data
 
     def write_now(self, folder: Path, name: str, data: str) -> Path:
         """Write one file into a declared folder at once (dumps that must survive a failure)."""
         self._make(_key(folder))
         path = folder / name
+        check_outputs_apart(self._inputs, {"output": str(path)})
         write_atomic(path, data)
         return path
 

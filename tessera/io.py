@@ -7,6 +7,9 @@
   whether an output can be written where it was asked for. Tessera never creates the
   folders around an output: a file's folder must exist; a folder named as an output is
   created (and the tool says so) only when its own parent exists.
+- :func:`check_outputs_apart` refuses, before any work, an output that names one of the
+  run's inputs or another of its outputs, however it is spelled (``./m.py``, a symbolic
+  link, a hard link): a tool never overwrites what it reads, nor one output with another.
 - :func:`write_files` writes several files as one step: every file goes to a temporary
   file beside its target first, then all are renamed into place; if anything fails the
   temporaries are removed and the files replaced so far are put back.
@@ -19,7 +22,7 @@ import secrets
 import stat
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from tessera_ir.errors import TesseraError
@@ -109,6 +112,63 @@ def check_output_folder(path: str | Path, flag: str) -> bool:
     except OSError as err:
         raise OutputError(f"{flag} {_shown(path)}: {err.strerror or err}") from None
     return False
+
+
+def check_input_name(path: str, what: str) -> None:
+    """Refuse, before any work, an input whose name the system cannot look up at all (too long,
+    a loop of links, a NUL byte); a missing file is left to the reader, which says what it expects."""
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    except (OSError, ValueError) as err:
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        raise InputError(f"{what} '{_shown(path)}': {reason.lower()}; check the path") from None
+
+
+def _identities(path: str) -> set[tuple[object, ...]]:
+    """What makes ``path`` the same file as another: its resolved name (through every
+    symbolic link, even one to a file not there yet) and, for a file that exists, its
+    device and inode (a hard link, a bind mount)."""
+    keys: set[tuple[object, ...]] = {("name", os.path.realpath(path))}
+    try:
+        found = os.stat(path)
+    except (OSError, ValueError):  # a new file, a name too long, a NUL byte: the name alone says it
+        return keys
+    keys.add(("inode", found.st_dev, found.st_ino))
+    return keys
+
+
+def check_outputs_apart(inputs: Mapping[str, str | None], outputs: Mapping[str, str | None]) -> None:
+    """Refuse, before any work, an output that is one of the inputs or another output.
+
+    ``inputs`` and ``outputs`` map what names each path on the command line (``source``,
+    ``-o``, ``--summary-json``) to the path; ``None`` (not given) and ``-`` (standard input
+    or output) take no part.
+    """
+    seen: dict[tuple[object, ...], tuple[str, str, bool]] = {}  # identity -> (role, path, is an input)
+    for role, path in inputs.items():
+        if path is not None and path != "-":
+            for key in _identities(path):
+                seen.setdefault(key, (role, path, True))
+    for role, path in outputs.items():
+        if path is None or path == "-":
+            continue
+        keys = _identities(path)
+        clash = next((seen[key] for key in sorted(keys, key=repr) if key in seen), None)
+        if clash is not None:
+            other, other_path, is_input = clash
+            same = "" if other_path == path else f" ({_shown(other_path)})"
+            if is_input:
+                raise OutputError(
+                    f"{role} {_shown(path)}: that is the {other}{same}, which this run reads; writing it would "
+                    "destroy the input; choose another output path"
+                )
+            raise OutputError(
+                f"{role} {_shown(path)}: {other} goes to the same file{same}; give each output its own path"
+            )
+        for key in keys:
+            seen[key] = (role, path, False)
 
 
 def write_atomic(path: str | Path, data: str | bytes) -> None:

@@ -288,6 +288,7 @@ def _viz(args: argparse.Namespace, run: Run) -> int:
     from tessera_ir.verifier import verify
 
     formats = _parse_formats(args.format)
+    run.keep_apart({"plan": args.plan}, {"-o": args.output})
     folder = run.output_folder(args.output, "-o")
     module = run.parse_ir(args.plan)
     verify(module)  # a schedule is drawn only once the verifier has checked it

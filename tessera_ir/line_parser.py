@@ -18,7 +18,9 @@ substitutions turn ``key = `` into ``"key": `` and ``@name`` into
 ``{"@": "name"}``. What JSON would take and the grammar would not is ruled out
 first, outside string literals: a ``:``, a ``{`` or ``}`` inside a dictionary,
 the bare word ``null``; ``NaN`` and ``Infinity`` are refused by the decoder's
-``parse_constant``, numbers too large for a float by ``parse_float``, keys
+``parse_constant``, numbers too large for a float by ``parse_float`` and
+``parse_int`` (an integer past the largest float is refused as the grammar parser
+refuses it: no pass could compute with it), keys
 given twice by counting keys. Everything else the grammar forbids, JSON forbids
 too (numbers with leading zeros, trailing or missing commas, bare words,
 unknown escapes, control characters in strings).
@@ -38,6 +40,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from typing import Any
 
 from tessera_ir.kinds import FfnKind, LayerRole, MixerKind, Phase, Resource, TaskOp
@@ -181,10 +184,9 @@ class _Reader:
         if match is None:
             return body
         flops, nbytes, param_bytes, act_bytes, shapes, movable = match.groups()
-        try:
-            task.flops, task.bytes, task.param_bytes, task.act_bytes = int(flops), int(nbytes), int(param_bytes), int(act_bytes)
-        except ValueError:  # more digits than Python converts
-            raise _Declined from None
+        if max(len(flops), len(nbytes), len(param_bytes), len(act_bytes)) > _FLOAT_DIGITS:
+            raise _Declined  # past the largest float, or more digits than Python converts: the grammar parser says
+        task.flops, task.bytes, task.param_bytes, task.act_bytes = int(flops), int(nbytes), int(param_bytes), int(act_bytes)
         task.movable = movable == "true"
         self.shapes.append(shapes)
         self.shaped.append(task)
@@ -210,9 +212,9 @@ class _Reader:
             raise _Declined
         try:
             finite = math.isfinite(sum(numbers))  # one pass in C; an infinity anywhere makes the sum one
-        except OverflowError:  # an integer too large for a float: legal, look closer
-            finite = False
-        if not finite and any(type(v) is float and not math.isfinite(v) for v in numbers):
+        except OverflowError:  # an integer past the largest float: the grammar parser reports it
+            raise _Declined from None
+        if not finite:
             raise _Declined  # too large a float: the grammar parser reports it
         for entry, duration, start, order, stream in zip(self.numbered, numbers[0::2], numbers[1::2], orders, self.streams):
             if order is None:
@@ -224,7 +226,8 @@ class _Reader:
         if not self.shapes:
             return
         try:
-            decoded = _DECODER.decode("[" + ",".join(self.shapes) + "]")
+            decoder = _SIZED_DECODER if max(map(len, self.shapes)) >= _FLOAT_DIGITS else _DECODER
+            decoded = decoder.decode("[" + ",".join(self.shapes) + "]")
         except (ValueError, RecursionError):
             raise _Declined from None
         if len(decoded) != len(self.shaped):
@@ -414,6 +417,7 @@ def _decode(bodies: list[str]) -> list[Attrs]:
     """
     count = len(bodies)
     may_be_deep = [k for k, body in enumerate(bodies) if body.count("[") > MAX_VALUE_DEPTH]
+    sized = max(map(len, bodies), default=0) >= _FLOAT_DIGITS  # may hold an integer past the largest float
     joined = ",".join(bodies)
     bodies.clear()
     if "\x00" in joined:
@@ -431,9 +435,9 @@ def _decode(bodies: list[str]) -> list[Attrs]:
         keys = len(pieces) // 3
         pieces[2::3] = map(_QUOTED_KEY, pieces[2::3])
         outside = "".join(pieces)
-    decoder = _DECODER
+    decoder = _SIZED_DECODER if sized else _DECODER
     if "@" in outside:
-        decoder = _DECODER_WITH_SYMBOLS
+        decoder = _SIZED_DECODER_WITH_SYMBOLS if sized else _DECODER_WITH_SYMBOLS
         pieces = _SYMBOL.split(outside)
         pieces[1::2] = map(_SYMBOL_OBJECT, pieces[1::2])
         outside = "".join(pieces)
@@ -496,11 +500,29 @@ def _finite_float(text: str) -> float:
     return value
 
 
+# The largest integer a float holds, and the digits of the shortest integer past it.
+_LARGEST_INT = int(sys.float_info.max)
+_FLOAT_DIGITS = len(str(_LARGEST_INT))
+
+
+def _float_sized_int(text: str) -> int:
+    value = int(text)
+    if len(text) >= _FLOAT_DIGITS and abs(value) > _LARGEST_INT:
+        raise ValueError(text)  # the grammar parser reports it with its position
+    return value
+
+
 def _no_constant(text: str) -> Any:
     raise ValueError(text)  # NaN, Infinity: not in the IR
 
 
 _DECODER = json.JSONDecoder(parse_float=_finite_float, parse_constant=_no_constant)
 _DECODER_WITH_SYMBOLS = json.JSONDecoder(object_hook=_symbol_or_dict, parse_float=_finite_float, parse_constant=_no_constant)
+# For dictionaries long enough to hold an integer past the largest float (no printed module has
+# one: a check of every integer would cost a twentieth of the parse).
+_SIZED_DECODER = json.JSONDecoder(parse_float=_finite_float, parse_int=_float_sized_int, parse_constant=_no_constant)
+_SIZED_DECODER_WITH_SYMBOLS = json.JSONDecoder(
+    object_hook=_symbol_or_dict, parse_float=_finite_float, parse_int=_float_sized_int, parse_constant=_no_constant
+)
 # Numbers the line regex found (no keys, no symbols): floats in C, checked afterwards.
 _NUMBERS = json.JSONDecoder(parse_constant=_no_constant)

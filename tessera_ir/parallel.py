@@ -36,6 +36,15 @@ RECOMPUTE_MODULES: dict[str, str] = {
 }
 
 
+# The largest value of an integer setting: the plan's bytecode stores each in 32 bits.
+MAX_SETTING = 2**32 - 1
+# The most (micro-batch, virtual stage) runs an iteration may hold: the per-rank programs list a
+# forward and a backward of every one, the simulator replays them and planning memory grows by
+# tens of kilobytes per run, so this keeps a plan within a few gigabytes. Real runs stay far
+# below it (thousands of micro-batches over tens of virtual stages at the most).
+MAX_CHUNK_RUNS = 2**17
+
+
 # Settings that change only the header of a captured module, never its layers or tasks: how many
 # pipeline devices and chunks the layers are placed on, how many micro-batches an iteration has,
 # how the dense state is replicated and sharded. The compile cache keeps one capture for every
@@ -87,6 +96,17 @@ class ParallelConfig:
                 object.__setattr__(self, "recompute", tuple(sorted(set(value))))
             elif not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ParallelConfigError(f"{flag} must be a positive integer, got {spell_value(value)}")
+            elif value > MAX_SETTING:
+                raise ParallelConfigError(
+                    f"{flag} {value} is too large: a plan holds each setting in 32 bits (at most {MAX_SETTING})"
+                )
+        runs = self.microbatches * self.pp * self.vpp
+        if runs > MAX_CHUNK_RUNS:
+            raise ParallelConfigError(
+                f"--microbatches {self.microbatches} x --pp {self.pp} x --vpp {self.vpp} = {runs} micro-batch runs of a "
+                f"virtual stage per iteration, more than a plan can list (at most {MAX_CHUNK_RUNS}); "
+                "lower --microbatches (raise --micro-batch-size or --dp for the same global batch)"
+            )
         if self.vpp > 1 and self.microbatches % self.pp != 0:
             raise ParallelConfigError(
                 f"interleaved 1F1B needs the micro-batch count ({self.microbatches}) to be a multiple of "

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import Enum
@@ -81,6 +82,9 @@ class _Located:
     column: int
 
 
+_LARGEST_INT = int(sys.float_info.max)  # an integer past it cannot enter any computation with floats
+
+
 def _number(token: Token) -> Value:
     text = str(token)
     try:
@@ -89,7 +93,10 @@ def _number(token: Token) -> Value:
             if not math.isfinite(value):
                 _fail(f"number {text} is too large for a 64-bit float", token)
             return value
-        return int(text)
+        value = int(text)
+        if abs(value) > _LARGEST_INT:
+            _fail(f"integer {text[:20]}... ({len(text)} digits) is too large: past the largest 64-bit float", token)
+        return value
     except ValueError:
         # Python refuses to convert integers of more than a few thousand digits.
         _fail(f"number {text[:20]}... has too many digits", token)

@@ -16,7 +16,9 @@ def summarize(module: Module) -> dict[str, Any]:
     kinds, forward FLOPs (fwd tasks), backward FLOPs (dgrad + wgrad tasks) and
     its task count per kind (``op.phase``); a layer whose mixer kind was set by
     an override or is a best guess also carries ``mixer_source`` (``override``,
-    ``structure``), and one the frontend warned about carries its ``warnings``.
+    ``structure``), one that runs several mixers side by side lists them all in
+    ``mixers`` (``mixer`` is the first), and one the frontend warned about carries
+    its ``warnings``.
     ``tasks`` counts every task of the module, embedding and head included;
     ``warnings`` lists the warnings of all layers.
     """
@@ -36,6 +38,11 @@ def summarize(module: Module) -> dict[str, Any]:
                 "tasks": dict(sorted(kinds.items())),
             }
         )
+        parallel = layer.attrs.get("mixers")
+        if isinstance(parallel, list) and len(parallel) > 1:
+            # Mixers run side by side in one layer (Falcon-H1's attention beside its Mamba): one
+            # mixer task carries them all and the header names the first, so name each here.
+            layers[-1]["mixers"] = [str(kind) for kind in parallel]
         if "mixer_source" in layer.attrs:
             layers[-1]["mixer_source"] = str(layer.attrs["mixer_source"])
         attr = layer.attrs.get("mixer_warnings")

@@ -54,7 +54,9 @@ two tasks on the stream overlap, and a pair that does overlap always shows up
 as an overlapping neighbour pair.
 
 Times are compared with a tolerance of 1e-6 µs (a picosecond) because start
-times are floats computed as sums of floats.
+times are floats computed as sums of floats; in a schedule whose times pass about 34 s, where one
+rounding of a sum is coarser than that, with 256 units in the last place of its largest time
+(``tessera_ir.schedule_rules.schedule_tolerance``; the C API path computes the same).
 """
 
 from __future__ import annotations
@@ -72,9 +74,9 @@ from passes.costs.native import load_extension
 from passes.scheduling.pair_dag import PairDAG
 from passes.scheduling.schedule import RESOURCES, PairSchedule
 from tessera_ir.errors import TesseraError
-from tessera_ir.schedule_rules import violations
+from tessera_ir.schedule_rules import schedule_tolerance, violations
 
-TOLERANCE_US = Fraction(1, 10**6)
+TOLERANCE_US = Fraction(1, 10**6)  # the least tolerance; a schedule's own is schedule_tolerance
 
 
 class ScheduleError(TesseraError):
@@ -109,10 +111,10 @@ def _real(x: int | Fraction) -> str:
     return f"(- {text})" if num < 0 else text
 
 
-def _scaled(values: list[float]) -> Callable[[float | Fraction], str]:
+def _scaled(values: list[float], tolerance: Fraction) -> Callable[[float | Fraction], str]:
     """The literal of a value times the least number that makes each of ``values`` and the
     tolerance an integer (see the module docstring)."""
-    scale = TOLERANCE_US.denominator
+    scale = tolerance.denominator
     for v in values:
         scale = math.lcm(scale, v.as_integer_ratio()[1])
 
@@ -222,9 +224,10 @@ def proof_script(dag: PairDAG, entry_of: dict[int, ScheduleEntry], count: list[i
     lines = script.definitions
     values = [x for e in entry_of.values() for x in (e.start, e.duration)]
     values += [t.duration for t in dag.tasks] + [t.deadline for t in dag.tasks if t.movable and t.deadline is not None]
-    lit = _scaled(values)
+    tolerance = schedule_tolerance(values)
+    lit = _scaled(values, tolerance)
     tol = f"{tag}tol"
-    lines.append(f"(define-fun {tol} () Real {lit(TOLERANCE_US)})")
+    lines.append(f"(define-fun {tol} () Real {lit(tolerance)})")
     present = [False] * len(dag.tasks)
     for i, t in enumerate(dag.tasks):
         track("placed-once", [t.name], "true" if count[i] == 1 else f"(= {count[i]} 1)")

@@ -179,13 +179,33 @@ bool finite(const Facts& f) {
   return true;
 }
 
+// The schedule's tolerance, as tessera_ir.schedule_rules.schedule_tolerance computes it: 1e-6 us,
+// or 2^8 units in the last place of the largest magnitude among its starts, durations and
+// deadlines when that is larger (a power of two, so its double is exact).
+Z3_ast schedule_tolerance(Z3_context ctx, Terms& terms, const Facts& f) {
+  double largest = 0.0;
+  for (size_t i = 0; i < f.start.size(); ++i) {
+    largest = std::max({largest, std::fabs(f.start[i]), std::fabs(f.duration[i])});
+    if (f.deadline[i]) largest = std::max(largest, std::fabs(*f.deadline[i]));
+  }
+  if (largest > 0.0) {
+    int exponent = 0;
+    std::frexp(largest, &exponent);  // largest = m * 2^exponent, 0.5 <= m < 1
+    double scaled = std::ldexp(1.0, exponent - 1 - 52 + 8);
+    if (scaled > 1e-6) return terms.exact(scaled);
+  }
+  return api.mk_real_int64(ctx, 1, 1000000);  // check.TOLERANCE_US
+}
+
 // One schedule's facts appended to `out`: non-negative and deadline per task, dependency per
 // edge, exclusive between neighbours in start order on each stream. False if the input is malformed.
-bool state_facts(Z3_context ctx, Terms& terms, Z3_ast tol, Z3_ast minus_tol, const Facts& f, std::vector<Z3_ast>& out) {
+bool state_facts(Z3_context ctx, Terms& terms, const Facts& f, std::vector<Z3_ast>& out) {
   size_t n = f.start.size();
   if (f.duration.size() != n || f.stream.size() != n || f.deps.size() != n || f.deadline.size() != n ||
       f.name.size() != n || !finite(f))
     return false;
+  Z3_ast tol = schedule_tolerance(ctx, terms, f);
+  Z3_ast minus_tol = api.mk_unary_minus(ctx, tol);
   std::vector<Z3_ast> s(n), end(n);
   for (size_t i = 0; i < n; ++i) {
     s[i] = terms.exact(f.start[i]);
@@ -259,11 +279,9 @@ bool prove(const std::vector<Facts>& schedules) {
   Z3_context ctx = fresh_context(schedules.size());
   z3_failed = false;
   Terms terms(ctx);
-  Z3_ast tol = api.mk_real_int64(ctx, 1, 1000000);  // check.TOLERANCE_US
-  Z3_ast minus_tol = api.mk_unary_minus(ctx, tol);
   std::vector<Z3_ast> facts;
   for (const Facts& schedule : schedules)
-    if (!state_facts(ctx, terms, tol, minus_tol, schedule, facts)) return false;
+    if (!state_facts(ctx, terms, schedule, facts)) return false;
   if (z3_failed) return false;
   // The context's solver, its assertions scoped to this proof (push ... pop): a solver of its
   // own per proof pays its creation every time, a large share of a proof this small

@@ -422,7 +422,10 @@ def test_both_ways_to_z3_agree_with_the_exact_check_at_the_tolerance_and_far_fro
         (2.0, 0.0, 2.0 - 2.0**-21, None, True),  # b starts 4.8e-7 us before a ends
         (2.0, 0.0, 2.0 - 2.0**-19, None, False),  # 1.9e-6 us before
         (3.0e12, 0.0, 3.0e12, None, True),  # 3e12 = 732421875 * 2^12
-        (3.0e12, 0.0, math.nextafter(3.0e12, 0.0), None, False),  # one ulp (4.9e-4 us) early
+        # At 3e12 us the tolerance is 2^8 ulps (0.125 us): one ulp (4.9e-4 us) early is the
+        # rounding of a sum, a microsecond early is not.
+        (3.0e12, 0.0, math.nextafter(3.0e12, 0.0), None, True),
+        (3.0e12, 0.0, 3.0e12 - 1.0, None, False),
         (1.0, 3.0e12, 3.0e12 + 1.0, None, True),
         (2.0**-70, 0.0, 2.0**-70, None, True),
         (2.0, 0.0, 2.0, 3.0, True),  # b ends at its deadline
@@ -440,6 +443,36 @@ def test_both_ways_to_z3_agree_with_the_exact_check_at_the_tolerance_and_far_fro
             check_schedule(dag, entries_of(sched))
         else:
             with pytest.raises(ScheduleError):
+                check_schedule(dag, entries_of(sched))
+
+
+def test_the_tolerance_scales_with_the_schedule_past_a_picosecond_of_rounding() -> None:
+    """A schedule 5.8e10 us long (a vocabulary of 10^12 makes one): a task that starts where the
+    float sum of its predecessor's start and duration rounds to, which is below the exact sum by
+    more than 1e-6 us, is valid for every checker; one that starts a microsecond early is not."""
+    import math
+
+    from passes.scheduling.check import prove_all
+    from tessera_ir.schedule_rules import schedule_tolerance
+
+    start_a, duration = 58249544229.86616, 1.0 + 3 * 2.0**-20  # 3/8 of an ulp of start_a past 1 us
+    start_b = start_a + duration  # rounded down: 2.9e-6 us below the exact sum
+    assert Fraction(start_a) + Fraction(duration) - Fraction(start_b) > Fraction(1, 10**6)
+    tolerance = schedule_tolerance([start_a, start_b], [duration, 1.0])
+    assert tolerance == Fraction(math.ulp(start_a)) * 256 and float(tolerance) < 1e-2
+    assert schedule_tolerance([2.0, 1e6], [None]) == Fraction(1, 10**6)  # under ~34 s: a picosecond
+    for start, valid in ((start_b, True), (start_b - 1.0, False)):
+        dag = PairDAG(
+            "long",
+            [PairTask("a", "x.fwd", C, duration, (), FWD, "l0"), PairTask("b", "dispatch.fwd", M, 1.0, (0,), FWD, "l0")],
+        )
+        sched = PairSchedule(dag, [start_a, start], "manual")
+        assert prove_all([sched]) is valid
+        assert prove_all([sched], through_text=True) is valid
+        if valid:
+            check_schedule(dag, entries_of(sched))
+        else:
+            with pytest.raises(ScheduleError, match="violates dependency"):
                 check_schedule(dag, entries_of(sched))
 
 
