@@ -199,6 +199,8 @@ class _Stats:
     p2p_bytes: int = 0
     tokens_routed: int = 0
     max_imbalance: float = 1.0
+    split_dedicated_ops: int = 0  # weight operations split by a dedicated rule (runtime.backward_split)
+    split_general_ops: int = 0  # ... and by the general path (a small graph each)
     cpu_ns: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("fwd", "dgrad", "wgrad"), 0))
     extra: dict[str, float] = field(default_factory=dict)
 
@@ -361,6 +363,7 @@ class StageExecutor:
             "implicit_waits": s.implicit_waits, "wgrad_run": s.wgrad_run, "wgrad_filled": s.wgrad_filled,
             "wgrad_fallback": s.wgrad_fallback, "a2a_bytes": s.a2a_bytes, "p2p_bytes": s.p2p_bytes,
             "tokens_routed": s.tokens_routed, "max_imbalance": s.max_imbalance,
+            "split_dedicated_ops": s.split_dedicated_ops, "split_general_ops": s.split_general_ops,
         })
         losses = [self.loss_values[m] for m in sorted(self.loss_values)]
         runtime_ns = max(0, wall - s.compute_ns - s.blocked_ns)
@@ -463,6 +466,8 @@ class StageExecutor:
             raise ExecutionError(f"the forward of {layer}.{op} for micro-batch {mb} ran twice")
         graph = self.runner.run(f"{layer}.{op}[{mb}]", fn, inputs, self.slots.get((layer, op), ()), extra)
         self.graphs[key] = graph
+        self.stats.split_general_ops += len(graph.general_ops)
+        self.stats.split_dedicated_ops += len(graph.ops) - len(graph.general_ops)
         return graph
 
     def _forward(self, layer: str, op: str, mb: int) -> None:
