@@ -11,11 +11,23 @@ How the split works. While a task's forward runs, each of its parameters is
 replaced by a ``WeightUse`` leaf that shares the parameter's storage. Its
 ``__torch_function__`` sees only the operations that touch a parameter (the
 rest of the forward runs at full speed): an operation on parameters alone
-(``w.t()``, ``experts[e]``, ``a_log.exp()``, an embedding lookup) gives another
-``WeightUse``; an operation that combines a parameter with an activation
-(``F.linear(x, w)``, ``x * norm_weight``, ``conv1d(x, w)``) is a *weight
-operation*. A weight operation runs as one node of the task's graph
-(``_WeightOpNode``) that holds the operation's own one-operation graph:
+(``w.t()``, ``experts[e]``, ``a_log.exp()``) gives another ``WeightUse``; an
+operation that combines a parameter with an activation (``F.linear(x, w)``,
+``x * norm_weight``, ``conv1d(x, w)``) or looks rows up in it (an embedding) is
+a *weight operation*.
+
+The common weight operations (a linear layer, a matrix product or batched GEMM
+with a weight, a norm's elementwise scale, a bias, an embedding lookup, a
+convolution) have dedicated rules (``_RULES``): one autograd node each
+(``_SplitNode``) whose backward computes the activation's gradient with the
+formula autograd itself uses and keeps ``(activation, grad_output)``; the
+wgrad computes the weight's gradient from them later, as delayed-wgrad
+pipelines do. One engine call per task's dgrad, none per operation.
+
+Any other weight operation takes the general path, and says so (a
+``GeneralSplitWarning`` once per operation, ``general_ops`` per task): it runs
+as one node of the task's graph (``_WeightOpNode``) that holds the operation's
+own one-operation graph:
 
 - dgrad: one ``torch.autograd.grad`` from the task's outputs to its input
   leaves. At each weight operation the node computes, on its own small graph,
