@@ -97,9 +97,13 @@ class WeightUse(torch.Tensor):
                 return func(*args, **kwargs)
         rule = _RULES.get(func)
         if rule is not None:
-            match = rule.match(args, kwargs)
-            if match is not None:
-                return _split_op(stack[-1], rule, func, args, kwargs, match)
+            # Checked with the subclass off: every w.dim() or w.dtype would come back here otherwise.
+            with torch._C.DisableTorchFunctionSubclass():
+                match = rule.match(args, kwargs)
+                if match is not None:
+                    stack[-1].ops.append(match)
+                    activation = args[0] if not isinstance(args[0], WeightUse) else args[1]
+                    return _apply_split(_SplitNode, match, func, args, kwargs, activation, *match.weights)
         tensors, activation = _tensor_args(args, kwargs)
         if not activation:
             # Parameters only: the result is still weight side (w.t(), experts[e], -a.exp(), an embedding lookup).
@@ -562,11 +566,19 @@ class _SplitNode(torch.autograd.Function):
         return (None, None, None, None, gx, *(None,) * len(op.weights))
 
 
-def _split_op(recording: _Recording, rule: _SplitRule, func: Any, args: Sequence[Any], kwargs: dict[str, Any], op: SplitOp) -> Any:
-    recording.ops.append(op)
-    activation = args[0] if not isinstance(args[0], WeightUse) else args[1]
-    with torch._C.DisableTorchFunctionSubclass():
-        return _SplitNode.apply(op, func, args, kwargs, activation, *op.weights)
+def _function_apply() -> Callable[..., Any]:
+    """``_SplitNode.apply`` without the Python wrapper's pass over its arguments (only functorch transforms need it)."""
+    raw = super(torch.autograd.Function, _SplitNode).apply  # torch._C._FunctionBase.apply, bound to _SplitNode
+
+    def apply(cls: Any, *args: Any) -> Any:
+        if torch._C._are_functorch_transforms_active():
+            return cls.apply(*args)
+        return raw(*args)
+
+    return apply
+
+
+_apply_split = _function_apply()
 
 
 @dataclass(frozen=True)
@@ -698,22 +710,23 @@ class WeightGradJob:
         graph = self.graph
         per_arg: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         weight_side = {id(op) for op in graph.weight_side}
-        for op in (*graph.ops, *graph.weight_side):
-            grads: Sequence[torch.Tensor | None]
-            if isinstance(op, SplitOp):
-                if op.grad is None:
-                    continue  # its output received no gradient
-                with torch.no_grad(), torch._C.DisableTorchFunctionSubclass():
+        with torch.no_grad(), torch._C.DisableTorchFunctionSubclass():
+            for op in (*graph.ops, *graph.weight_side):
+                grads: Sequence[torch.Tensor | None]
+                if isinstance(op, SplitOp):
+                    if op.grad is None:
+                        continue  # its output received no gradient
                     grads = op.weight_grads()
-            elif op.grads is None:
-                continue  # its output received no gradient
-            else:
-                grads = self._general_weight_grads(op, id(op) in weight_side)
-            for arg, g in zip(op.weight_args, grads):
-                if g is None:
-                    continue
-                key = id(arg)
-                per_arg[key] = (arg, g if key not in per_arg else per_arg[key][1] + g)
+                elif op.grads is None:
+                    continue  # its output received no gradient
+                else:
+                    with torch.enable_grad():  # the small graph's own backward
+                        grads = self._general_weight_grads(op, id(op) in weight_side)
+                for arg, g in zip(op.weight_args, grads):
+                    if g is None:
+                        continue
+                    key = id(arg)
+                    per_arg[key] = (arg, g if key not in per_arg else per_arg[key][1] + g)
         leaf_ids = {id(leaf): i for i, leaf in enumerate(graph.leaves)}
         result: list[torch.Tensor | None] = [None] * len(graph.leaves)
         derived_args, derived_grads = [], []

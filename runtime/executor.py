@@ -178,6 +178,10 @@ def create_groups(grid: RankGrid, rank: int, backend: str | None = None) -> _Par
     )
 
 
+# Every value the executor keeps per (layer, name, micro-batch) (see _forward, _p2p and _all_to_all).
+_VALUE_NAMES = ("x_recv", "out", "logits", "h", "n", "permuted", "weights", "order", "received", "expert_out", "returned", "shared")
+
+
 def _grad_key(layer: str, name: str, mb: int) -> tuple[str, str, int]:
     """Gradients live beside the values of the same name, under their own key."""
     return (layer, "d/" + name, mb)
@@ -652,6 +656,19 @@ class StageExecutor:
             raise BindingError(f"task '{name}' is a backward this executor does not run")
         self.jobs[(layer, op, mb)] = job
         self.graphs.pop((layer, op, mb), None)
+        if op in ("mixer", "lm_head"):
+            self._release(layer, mb)  # a layer's last backward task: its forward values are dead
+
+    def _release(self, layer: str, mb: int) -> None:
+        """Drop a layer's forward values for ``mb`` once its backward has run.
+
+        Their autograd graphs go with them now, inside the backward that made them
+        dead (as ``loss.backward()`` frees its graph as it goes), not all at once
+        at the end of the iteration; and their memory is free for later micro-batches.
+        """
+        for name in _VALUE_NAMES:
+            self.values.pop((layer, name, mb), None)
+        self.graphs.pop((layer, "assemble", mb), None)
 
     def _wgrad(self, layer: str, op: str, mb: int, filled: bool, fallback: bool) -> None:
         name = f"{layer}.{op}.wgrad"
@@ -661,6 +678,7 @@ class StageExecutor:
             if graph is None:
                 raise ExecutionError(f"{name} for micro-batch {mb} runs before the embedding's forward")
             _, self.jobs[key] = backward_data(graph, [self._grad(self.layout.next(layer) or layer, "x", mb, name)])
+            self._release(layer, mb)
         job = self.jobs.get(key)
         if job is None:
             raise ExecutionError(f"{name} for micro-batch {mb} runs before {layer}.{op}.dgrad")
@@ -723,7 +741,11 @@ class StageExecutor:
         elif (op, phase) == ("combine", "fwd"):
             tensor, splits, target = self._resolve((layer, "expert_out", mb), name), (recv, send), (layer, "returned", mb)
         elif (op, phase) == ("combine", "dgrad"):
+            # The layer output's backward (assemble) is compute, the first the combine's backward needs.
+            start, start_cpu, blocked_before = time.perf_counter_ns(), time.thread_time_ns(), self.stats.blocked_ns
             self._assembled_grads(layer, mb, name)
+            self.stats.cpu_ns["dgrad"] += time.thread_time_ns() - start_cpu
+            self.stats.compute_ns += time.perf_counter_ns() - start - (self.stats.blocked_ns - blocked_before)
             tensor, splits, target = self._grad(layer, "returned", mb, name), (send, recv), (layer, "expert_out", mb)
         elif (op, phase) == ("dispatch", "dgrad"):
             tensor, splits, target = self._grad(layer, "received", mb, name), (recv, send), (layer, "permuted", mb)
