@@ -825,7 +825,10 @@ class OrderedGradients:
             if g is None:
                 continue
             if param.grad is None:
-                param.grad = g.detach().clone() if g._base is not None or not g.is_contiguous() else g.detach()
+                # Kept as is where autograd's accumulation would steal it too (w.t().t() of a GEMM's result);
+                # copied when it is laid out otherwise or is a window on a bigger tensor.
+                window = g._base is not None and g._base.numel() != g.numel()
+                param.grad = g.detach().clone() if window or not g.is_contiguous() else g.detach()
             else:
                 param.grad.add_(g)
 
