@@ -328,7 +328,8 @@ def main() -> int:
     cfg = model_config(args)
     build = model_builder(cfg)
     payload: list[Any] = [plan_for(args, build) if os.environ.get("RANK") == "0" else None]
-    dist.init_process_group("gloo", timeout=timedelta(seconds=300))
+    # The other ranks wait here while rank 0 compiles (minutes on a loaded machine).
+    dist.init_process_group("gloo", timeout=timedelta(seconds=300 if args.plan else 1800))
     rank = dist.get_rank()
     dist.broadcast_object_list(payload, src=0)
     data: bytes = payload[0]
@@ -465,6 +466,7 @@ def save(args: argparse.Namespace, info: Any, base_it: float, tess_it: float, ra
         "thread_cpu_ms_per_rank": [dict(zip(PHASES, (round(x * 1e3, 1) for x in v.tolist()))) for v in phases_per_rank],
         "worst_rank_thread_cpu_ratio": worst_cpu, "hidden_size": cfg.hidden_size, "num_layers": cfg.num_layers,
         "baseline_a2a_share_per_rank": [float(t[5]) for t in per_rank] if info.pp == 1 else None,
+        "cpus": os.cpu_count(), "load_average_at_end": list(os.getloadavg()),
     }
     (RESULTS / f"e2e_cpu{suffix}.json").write_text(json.dumps(record, indent=2) + "\n")
     with (RESULTS / f"e2e_cpu{suffix}.csv").open("w", newline="") as f:
