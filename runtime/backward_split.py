@@ -11,11 +11,23 @@ How the split works. While a task's forward runs, each of its parameters is
 replaced by a ``WeightUse`` leaf that shares the parameter's storage. Its
 ``__torch_function__`` sees only the operations that touch a parameter (the
 rest of the forward runs at full speed): an operation on parameters alone
-(``w.t()``, ``experts[e]``, ``a_log.exp()``, an embedding lookup) gives another
-``WeightUse``; an operation that combines a parameter with an activation
-(``F.linear(x, w)``, ``x * norm_weight``, ``conv1d(x, w)``) is a *weight
-operation*. A weight operation runs as one node of the task's graph
-(``_WeightOpNode``) that holds the operation's own one-operation graph:
+(``w.t()``, ``experts[e]``, ``a_log.exp()``) gives another ``WeightUse``; an
+operation that combines a parameter with an activation (``F.linear(x, w)``,
+``x * norm_weight``, ``conv1d(x, w)``) or looks rows up in it (an embedding) is
+a *weight operation*.
+
+The common weight operations (a linear layer, a matrix product or batched GEMM
+with a weight, a norm's elementwise scale, a bias, an embedding lookup, a
+convolution) have dedicated rules (``_RULES``): one autograd node each
+(``_SplitNode``) whose backward computes the activation's gradient with the
+formula autograd itself uses and keeps ``(activation, grad_output)``; the
+wgrad computes the weight's gradient from them later, as delayed-wgrad
+pipelines do. One engine call per task's dgrad, none per operation.
+
+Any other weight operation takes the general path, and says so (a
+``GeneralSplitWarning`` once per operation, ``general_ops`` per task): it runs
+as one node of the task's graph (``_WeightOpNode``) that holds the operation's
+own one-operation graph:
 
 - dgrad: one ``torch.autograd.grad`` from the task's outputs to its input
   leaves. At each weight operation the node computes, on its own small graph,
@@ -41,6 +53,7 @@ which DBO runs deferred jobs does not change a bit of the sums.
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -82,6 +95,15 @@ class WeightUse(torch.Tensor):
         if not stack or not torch.is_grad_enabled():
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
+        rule = _RULES.get(func)
+        if rule is not None:
+            # Checked with the subclass off: every w.dim() or w.dtype would come back here otherwise.
+            with torch._C.DisableTorchFunctionSubclass():
+                match = rule.match(args, kwargs)
+                if match is not None:
+                    stack[-1].ops.append(match)
+                    activation = args[0] if not isinstance(args[0], WeightUse) else args[1]
+                    return _apply_split(_SplitNode, match, func, args, kwargs, activation, *match.weights)
         tensors, activation = _tensor_args(args, kwargs)
         if not activation:
             # Parameters only: the result is still weight side (w.t(), experts[e], -a.exp(), an embedding lookup).
@@ -114,7 +136,8 @@ class WeightOp:
 
 @dataclass
 class _Recording:
-    ops: list[WeightOp] = field(default_factory=list)
+    ops: list[WeightOp | SplitOp] = field(default_factory=list)
+    general: list[str] = field(default_factory=list)  # the operations that took the general path, by name
 
 
 _local = threading.local()
@@ -194,12 +217,368 @@ class _WeightOpNode(torch.autograd.Function):
         return (None, *out)
 
 
+def _op_name(func: Any) -> str:
+    return str(getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or func)
+
+
+_warned: set[str] = set()
+
+
 def _weight_op(recording: _Recording, func: Any, args: Sequence[Any], kwargs: dict[str, Any], tensors: list[torch.Tensor]) -> Any:
+    name = _op_name(func)
+    recording.general.append(name)
+    if name not in _warned:
+        _warned.add(name)
+        warnings.warn(
+            f"'{name}' with a parameter has no dedicated backward split: it takes the general path "
+            "(a small graph and two autograd engine calls per use; counted as split_general_ops)",
+            GeneralSplitWarning,
+            stacklevel=3,
+        )
     flags = tuple(isinstance(t, WeightUse) for t in tensors)
     op = WeightOp((), (), tuple(t for t, w in zip(tensors, flags) if w))
     recording.ops.append(op)
     with torch._C.DisableTorchFunctionSubclass():
         return _WeightOpNode.apply((func, args, kwargs, op, flags), *tensors)
+
+
+# ------------------------------------------------------------ dedicated splits of the common weight operations
+#
+# A linear layer, a matrix product with a weight on the right, a batched GEMM,
+# an elementwise multiply or add with a weight (a norm's scale, a bias), an
+# embedding lookup and a convolution each have their own rule: the forward is
+# the operation itself, the dgrad computes the activation's gradient with the
+# formula autograd uses for it and keeps ``(activation, grad_output)``, and the
+# wgrad computes the weight's gradient from them the same way. No small graph,
+# no nested engine call: one engine call per task's dgrad, and at most one per
+# task's wgrad (for weights reached through ``w.t()``, ``experts[e]``, ...).
+# Each formula repeats the one in torch's derivatives (same operations, same
+# operand layouts), so the values are bitwise those of ``loss.backward()``.
+
+
+class GeneralSplitWarning(UserWarning):
+    """A weight operation without a dedicated split took the general (slower) path; named once per operation."""
+
+
+@dataclass(eq=False)
+class SplitOp:
+    """One weight operation split by its rule: what its two halves need, and the gradient that reached it."""
+
+    rule: _SplitRule
+    x: torch.Tensor | None  # the activation as the operation saw it (detached), or the indices of a lookup
+    weights: tuple[torch.Tensor, ...]  # the weight arguments (``WeightUse``), as the task's graph has them
+    settings: tuple[Any, ...] = ()
+    grad: torch.Tensor | None = None
+
+    @property
+    def weight_args(self) -> tuple[torch.Tensor, ...]:
+        return self.weights
+
+    def weight_grads(self) -> tuple[torch.Tensor | None, ...]:
+        assert self.grad is not None
+        grads = self.rule.weight_grads(self, self.grad)
+        # A gradient that is the output's own (an unbroadcast add) is also on its way to the activation.
+        return tuple(g.clone() if g is self.grad else g for g in grads)
+
+
+class _SplitRule:
+    """How one kind of weight operation is split; ``match`` says whether a call is of that kind."""
+
+    name = ""
+
+    def match(self, args: Sequence[Any], kwargs: dict[str, Any]) -> SplitOp | None:
+        raise NotImplementedError
+
+    def input_grad(self, op: SplitOp, grad: torch.Tensor) -> torch.Tensor | None:
+        raise NotImplementedError
+
+    def weight_grads(self, op: SplitOp, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        raise NotImplementedError
+
+
+def _activation(t: Any, like: torch.Tensor) -> bool:
+    """``t`` is an activation a dedicated rule can pair with weight ``like``: a plain floating tensor of its dtype and device."""
+    return (
+        isinstance(t, torch.Tensor) and not isinstance(t, WeightUse) and t.dtype == like.dtype
+        and t.device == like.device and t.is_floating_point()
+    )
+
+
+def _column_major(t: torch.Tensor) -> bool:
+    return t.stride(0) == 1 and t.stride(1) == t.size(0)
+
+
+def _mm_mat1_grad(grad: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
+    """The gradient of ``mat1`` in ``mat1.mm(mat2)``, laid out as autograd's ``mm`` backward lays it out."""
+    if _column_major(mat1):
+        return mat2.mm(grad.t()).t()
+    return grad.mm(mat2.t())
+
+
+def _mm_mat2_grad(grad: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
+    """The gradient of ``mat2`` in ``mat1.mm(mat2)``, laid out as autograd's ``mm`` backward lays it out."""
+    if _column_major(mat2):
+        return grad.t().mm(mat1).t()
+    return mat1.t().mm(grad)
+
+
+def _folded(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as ``matmul`` multiplies it by a matrix: its leading dimensions folded into the rows."""
+    return x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+
+
+class _MatmulRule(_SplitRule):
+    """``x @ W`` with a weight matrix on the right (``matmul`` folds ``x``'s leading dimensions into one ``mm``)."""
+
+    name = "matmul"
+
+    def match(self, args: Sequence[Any], kwargs: dict[str, Any]) -> SplitOp | None:
+        if kwargs or len(args) != 2:
+            return None
+        x, w = args
+        if not isinstance(w, WeightUse) or w.dim() != 2 or not _activation(x, w) or x.dim() < 2:
+            return None
+        return SplitOp(self, _folded(x.detach()), (w,), (x.shape,))
+
+    def _right(self, op: SplitOp) -> torch.Tensor:
+        return op.weights[0]
+
+    def input_grad(self, op: SplitOp, grad: torch.Tensor) -> torch.Tensor | None:
+        assert op.x is not None
+        g = _mm_mat1_grad(_folded(grad), op.x, self._right(op))
+        shape = op.settings[0]
+        return g if len(shape) == 2 else g.reshape(shape)
+
+    def weight_grads(self, op: SplitOp, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        assert op.x is not None
+        return (_mm_mat2_grad(_folded(grad), op.x, self._right(op)),)
+
+
+class _LinearRule(_MatmulRule):
+    """``F.linear(x, w)`` without bias: ``matmul(x, w.t())``, and the weight's gradient transposed back."""
+
+    name = "linear"
+
+    def match(self, args: Sequence[Any], kwargs: dict[str, Any]) -> SplitOp | None:
+        if len(args) == 3 and args[2] is None and not kwargs:
+            args = args[:2]
+        elif kwargs and (len(args) != 2 or set(kwargs) != {"bias"} or kwargs["bias"] is not None):
+            return None
+        return super().match(args, {})
+
+    def _right(self, op: SplitOp) -> torch.Tensor:
+        return op.weights[0].t()
+
+    def weight_grads(self, op: SplitOp, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        (g,) = super().weight_grads(op, grad)
+        assert g is not None
+        return (g.t(),)
+
+
+class _BmmRule(_SplitRule):
+    """``torch.bmm(x, W)`` with a batch of weight matrices (the experts' batched GEMM)."""
+
+    name = "bmm"
+
+    def match(self, args: Sequence[Any], kwargs: dict[str, Any]) -> SplitOp | None:
+        if kwargs or len(args) != 2:
+            return None
+        x, w = args
+        if not isinstance(w, WeightUse) or w.dim() != 3 or not _activation(x, w) or x.dim() != 3:
+            return None
+        return SplitOp(self, x.detach(), (w,))
+
+    def input_grad(self, op: SplitOp, grad: torch.Tensor) -> torch.Tensor | None:
+        return grad.bmm(op.weights[0].transpose(1, 2))
+
+    def weight_grads(self, op: SplitOp, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        assert op.x is not None
+        return (op.x.transpose(1, 2).bmm(grad),)
+
+
+def _sum_to(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """A gradient reduced to its input's shape, as the engine reduces a broadcast input's."""
+    return t if t.shape == shape else t.sum_to_size(shape)
+
+
+def _one_weight_one_activation(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    if kwargs or len(args) != 2:
+        return None
+    a, b = args
+    if isinstance(a, WeightUse) and _activation(b, a):
+        return b, a
+    if isinstance(b, WeightUse) and _activation(a, b):
+        return a, b
+    return None
+
+
+class _MulRule(_SplitRule):
+    """``x * w`` (either order, broadcasting): a norm's scale, a gate."""
+
+    name = "mul"
+
+    def match(self, args: Sequence[Any], kwargs: dict[str, Any]) -> SplitOp | None:
+        pair = _one_weight_one_activation(args, kwargs)
+        if pair is None:
+            return None
+        x, w = pair
+        return SplitOp(self, x.detach(), (w,))
+
+    def input_grad(self, op: SplitOp, grad: torch.Tensor) -> torch.Tensor | None:
+        assert op.x is not None
+        return _sum_to(grad * op.weights[0], op.x.shape)
+
+    def weight_grads(self, op: SplitOp, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        assert op.x is not None
+        return (_sum_to(grad * op.x, op.weights[0].shape),)
+
+
+class _AddRule(_SplitRule):
+    """``x + w`` (either order, broadcasting, no ``alpha``): a bias."""
+
+    name = "add"
+
+    def match(self, args: Sequence[Any], kwargs: dict[str, Any]) -> SplitOp | None:
+        pair = _one_weight_one_activation(args, kwargs)
+        if pair is None:
+            return None
+        x, w = pair
+        return SplitOp(self, None, (w,), (x.shape,))
+
+    def input_grad(self, op: SplitOp, grad: torch.Tensor) -> torch.Tensor | None:
+        return _sum_to(grad, op.settings[0])
+
+    def weight_grads(self, op: SplitOp, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        return (_sum_to(grad, op.weights[0].shape),)
+
+
+class _EmbeddingRule(_SplitRule):
+    """``F.embedding(ids, w)`` (dense, no ``max_norm``): all of its backward is the weight's."""
+
+    name = "embedding"
+
+    def match(self, args: Sequence[Any], kwargs: dict[str, Any]) -> SplitOp | None:
+        names = ("padding_idx", "max_norm", "norm_type", "scale_grad_by_freq", "sparse")
+        if len(args) < 2 or len(args) > 2 + len(names):
+            return None
+        options = dict(zip(names, args[2:]))
+        if set(options) & set(kwargs):
+            return None
+        options.update(kwargs)
+        ids, w = args[0], args[1]
+        if (
+            not isinstance(w, WeightUse) or w.dim() != 2 or not isinstance(ids, torch.Tensor) or isinstance(ids, WeightUse)
+            or ids.is_floating_point() or ids.is_complex() or options.get("max_norm") is not None
+            or options.get("sparse", False) or not set(options) <= set(names)
+        ):
+            return None
+        padding_idx = options.get("padding_idx")
+        if padding_idx is None:
+            padding_idx = -1
+        elif padding_idx < 0:
+            padding_idx += w.size(0)  # as F.embedding normalises it
+        return SplitOp(self, ids, (w,), (int(padding_idx), bool(options.get("scale_grad_by_freq", False))))
+
+    def input_grad(self, op: SplitOp, grad: torch.Tensor) -> torch.Tensor | None:
+        return None
+
+    def weight_grads(self, op: SplitOp, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        padding_idx, by_freq = op.settings
+        w = op.weights[0]
+        return (torch.ops.aten.embedding_dense_backward(grad, op.x, w.size(0), padding_idx, by_freq),)
+
+
+class _ConvRule(_SplitRule):
+    """``F.conv1d/conv2d(x, w)`` without bias and with numeric padding: ``convolution_backward``, one half at a time."""
+
+    def __init__(self, dims: int):
+        self.dims = dims
+        self.name = f"conv{dims}d"
+
+    def match(self, args: Sequence[Any], kwargs: dict[str, Any]) -> SplitOp | None:
+        names = ("bias", "stride", "padding", "dilation", "groups")
+        if len(args) < 2 or len(args) > 2 + len(names):
+            return None
+        options = dict(zip(names, args[2:]))
+        if set(options) & set(kwargs) or not set(kwargs) <= set(names):
+            return None
+        options.update(kwargs)
+        x, w = args[0], args[1]
+        if (
+            not isinstance(w, WeightUse) or not _activation(x, w) or x.dim() != self.dims + 2
+            or options.get("bias") is not None or isinstance(options.get("padding", 0), str)
+        ):
+            return None
+
+        def per_dim(value: Any) -> list[int]:
+            values = [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)] * self.dims
+            return values if len(values) == self.dims else [values[0]] * self.dims
+
+        settings = (per_dim(options.get("stride", 1)), per_dim(options.get("padding", 0)),
+                    per_dim(options.get("dilation", 1)), int(options.get("groups", 1)))
+        return SplitOp(self, x.detach(), (w,), settings)
+
+    def _backward(self, op: SplitOp, grad: torch.Tensor, mask: list[bool]) -> tuple[torch.Tensor, ...]:
+        stride, padding, dilation, groups = op.settings
+        result: tuple[torch.Tensor, ...] = torch.ops.aten.convolution_backward(
+            grad, op.x, op.weights[0], None, stride, padding, dilation, False, [0] * self.dims, groups, mask
+        )
+        return result
+
+    def input_grad(self, op: SplitOp, grad: torch.Tensor) -> torch.Tensor | None:
+        return self._backward(op, grad, [True, False, False])[0]
+
+    def weight_grads(self, op: SplitOp, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        return (self._backward(op, grad, [False, True, False])[1],)
+
+
+_MATMUL, _MUL, _ADD = _MatmulRule(), _MulRule(), _AddRule()
+_RULES: dict[Any, _SplitRule] = {
+    torch._C._nn.linear: _LinearRule(),
+    torch.matmul: _MATMUL, torch.Tensor.matmul: _MATMUL, torch.Tensor.__matmul__: _MATMUL,
+    torch.bmm: _BmmRule(), torch.Tensor.bmm: _BmmRule(),
+    torch.mul: _MUL, torch.Tensor.mul: _MUL, torch.Tensor.__mul__: _MUL,
+    torch.add: _ADD, torch.Tensor.add: _ADD, torch.Tensor.__add__: _ADD,
+    torch.nn.functional.embedding: _EmbeddingRule(),
+    torch.conv1d: _ConvRule(1), torch.conv2d: _ConvRule(2),
+}
+"""The operations with a dedicated split, by the function ``__torch_function__`` sees."""
+
+
+class _SplitNode(torch.autograd.Function):
+    """A weight operation with a dedicated split inside the task's graph: dgrad's half now, the rest kept."""
+
+    @staticmethod
+    def forward(ctx: Any, op: SplitOp, func: Any, args: Any, kwargs: Any, *tensors: torch.Tensor) -> Any:  # type: ignore[override]
+        ctx.op = op
+        return func(*args, **kwargs)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        op: SplitOp = ctx.op
+        if op.grad is not None:
+            raise SplitError(f"the data gradient of a '{op.rule.name}' was computed twice")
+        op.grad = grad
+        gx = None
+        if ctx.needs_input_grad[4]:
+            with torch._C.DisableTorchFunctionSubclass():
+                gx = op.rule.input_grad(op, grad)
+        return (None, None, None, None, gx, *(None,) * len(op.weights))
+
+
+def _function_apply() -> Callable[..., Any]:
+    """``_SplitNode.apply`` without the Python wrapper's pass over its arguments (only functorch transforms need it)."""
+    raw = super(torch.autograd.Function, _SplitNode).apply  # torch._C._FunctionBase.apply, bound to _SplitNode
+
+    def apply(cls: Any, *args: Any) -> Any:
+        if torch._C._are_functorch_transforms_active():
+            return cls.apply(*args)
+        return raw(*args)
+
+    return apply
+
+
+_apply_split = _function_apply()
 
 
 @dataclass(frozen=True)
@@ -257,9 +636,10 @@ class TaskGraph:
     outputs: tuple[torch.Tensor, ...]
     slots: tuple[ParamSlot, ...]
     leaves: tuple[torch.Tensor, ...]
-    ops: list[WeightOp]
+    ops: list[WeightOp | SplitOp]
     weight_side: tuple[WeightOp, ...]  # task outputs computed from parameters alone
     dgrad_done: bool = False
+    general_ops: tuple[str, ...] = ()  # the weight operations that took the general path (WeightOp), by name
 
 
 class ForwardRunner:
@@ -303,7 +683,8 @@ class ForwardRunner:
                 out = plain
             handed_out.append(out)
         grad_inputs = tuple(t if t is not None and t.requires_grad else None for t in leaf_inputs)
-        return TaskGraph(name, grad_inputs, tuple(handed_out), tuple(slots), leaves, recording.ops, tuple(weight_side))
+        return TaskGraph(name, grad_inputs, tuple(handed_out), tuple(slots), leaves, recording.ops, tuple(weight_side),
+                         general_ops=tuple(recording.general))
 
 
 def _as_leaf(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -329,21 +710,23 @@ class WeightGradJob:
         graph = self.graph
         per_arg: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         weight_side = {id(op) for op in graph.weight_side}
-        for op in (*graph.ops, *graph.weight_side):
-            if op.grads is None:
-                continue  # its output received no gradient
-            pairs = [(o, g) for o, g in zip(op.outputs, op.grads) if g is not None and o.requires_grad]
-            if not pairs:
-                continue
-            if id(op) in weight_side:
-                grads: Sequence[torch.Tensor | None] = [pairs[0][1]]  # the output is the weight-side tensor itself
-            else:
-                grads = _small_grad([o for o, _ in pairs], op.inner_weights, [g for _, g in pairs], False)
-            for arg, g in zip(op.weight_args, grads):
-                if g is None:
-                    continue
-                key = id(arg)
-                per_arg[key] = (arg, g if key not in per_arg else per_arg[key][1] + g)
+        with torch.no_grad(), torch._C.DisableTorchFunctionSubclass():
+            for op in (*graph.ops, *graph.weight_side):
+                grads: Sequence[torch.Tensor | None]
+                if isinstance(op, SplitOp):
+                    if op.grad is None:
+                        continue  # its output received no gradient
+                    grads = op.weight_grads()
+                elif op.grads is None:
+                    continue  # its output received no gradient
+                else:
+                    with torch.enable_grad():  # the small graph's own backward
+                        grads = self._general_weight_grads(op, id(op) in weight_side)
+                for arg, g in zip(op.weight_args, grads):
+                    if g is None:
+                        continue
+                    key = id(arg)
+                    per_arg[key] = (arg, g if key not in per_arg else per_arg[key][1] + g)
         leaf_ids = {id(leaf): i for i, leaf in enumerate(graph.leaves)}
         result: list[torch.Tensor | None] = [None] * len(graph.leaves)
         derived_args, derived_grads = [], []
@@ -363,6 +746,16 @@ class WeightGradJob:
         # The small graphs (and the activations they hold) are released with this job.
         graph.ops, graph.weight_side = [], ()
         return {slot.key: g for slot, g in zip(graph.slots, result)}
+
+    @staticmethod
+    def _general_weight_grads(op: WeightOp, weight_side: bool) -> Sequence[torch.Tensor | None]:
+        assert op.grads is not None
+        pairs = [(o, g) for o, g in zip(op.outputs, op.grads) if g is not None and o.requires_grad]
+        if not pairs:
+            return ()
+        if weight_side:
+            return [pairs[0][1]]  # the output is the weight-side tensor itself
+        return _small_grad([o for o, _ in pairs], op.inner_weights, [g for _, g in pairs], False)
 
 
 def backward_data(graph: TaskGraph, grad_outputs: Sequence[torch.Tensor | None]) -> tuple[tuple[torch.Tensor | None, ...], WeightGradJob]:
@@ -432,7 +825,10 @@ class OrderedGradients:
             if g is None:
                 continue
             if param.grad is None:
-                param.grad = g.detach().clone() if g._base is not None or not g.is_contiguous() else g.detach()
+                # Kept as is where autograd's accumulation would steal it too (w.t().t() of a GEMM's result);
+                # copied when it is laid out otherwise or is a window on a bigger tensor.
+                window = g._base is not None and g._base.numel() != g.numel()
+                param.grad = g.detach().clone() if window or not g.is_contiguous() else g.detach()
             else:
                 param.grad.add_(g)
 

@@ -178,6 +178,10 @@ def create_groups(grid: RankGrid, rank: int, backend: str | None = None) -> _Par
     )
 
 
+# Every value the executor keeps per (layer, name, micro-batch) (see _forward, _p2p and _all_to_all).
+_VALUE_NAMES = ("x_recv", "out", "logits", "h", "n", "permuted", "weights", "order", "received", "expert_out", "returned", "shared")
+
+
 def _grad_key(layer: str, name: str, mb: int) -> tuple[str, str, int]:
     """Gradients live beside the values of the same name, under their own key."""
     return (layer, "d/" + name, mb)
@@ -199,6 +203,8 @@ class _Stats:
     p2p_bytes: int = 0
     tokens_routed: int = 0
     max_imbalance: float = 1.0
+    split_dedicated_ops: int = 0  # weight operations split by a dedicated rule (runtime.backward_split)
+    split_general_ops: int = 0  # ... and by the general path (a small graph each)
     cpu_ns: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("fwd", "dgrad", "wgrad"), 0))
     extra: dict[str, float] = field(default_factory=dict)
 
@@ -369,6 +375,7 @@ class StageExecutor:
             "implicit_waits": s.implicit_waits, "wgrad_run": s.wgrad_run, "wgrad_filled": s.wgrad_filled,
             "wgrad_fallback": s.wgrad_fallback, "a2a_bytes": s.a2a_bytes, "p2p_bytes": s.p2p_bytes,
             "tokens_routed": s.tokens_routed, "max_imbalance": s.max_imbalance,
+            "split_dedicated_ops": s.split_dedicated_ops, "split_general_ops": s.split_general_ops,
         })
         losses = [self.loss_values[m] for m in sorted(self.loss_values)]
         runtime_ns = max(0, wall - s.compute_ns - s.blocked_ns)
@@ -471,6 +478,8 @@ class StageExecutor:
             raise ExecutionError(f"the forward of {layer}.{op} for micro-batch {mb} ran twice")
         graph = self.runner.run(f"{layer}.{op}[{mb}]", fn, inputs, self.slots.get((layer, op), ()), extra)
         self.graphs[key] = graph
+        self.stats.split_general_ops += len(graph.general_ops)
+        self.stats.split_dedicated_ops += len(graph.ops) - len(graph.general_ops)
         return graph
 
     def _forward(self, layer: str, op: str, mb: int) -> None:
@@ -655,6 +664,19 @@ class StageExecutor:
             raise BindingError(f"task '{name}' is a backward this executor does not run")
         self.jobs[(layer, op, mb)] = job
         self.graphs.pop((layer, op, mb), None)
+        if op in ("mixer", "lm_head"):
+            self._release(layer, mb)  # a layer's last backward task: its forward values are dead
+
+    def _release(self, layer: str, mb: int) -> None:
+        """Drop a layer's forward values for ``mb`` once its backward has run.
+
+        Their autograd graphs go with them now, inside the backward that made them
+        dead (as ``loss.backward()`` frees its graph as it goes), not all at once
+        at the end of the iteration; and their memory is free for later micro-batches.
+        """
+        for name in _VALUE_NAMES:
+            self.values.pop((layer, name, mb), None)
+        self.graphs.pop((layer, "assemble", mb), None)
 
     def _wgrad(self, layer: str, op: str, mb: int, filled: bool, fallback: bool) -> None:
         name = f"{layer}.{op}.wgrad"
@@ -664,6 +686,7 @@ class StageExecutor:
             if graph is None:
                 raise ExecutionError(f"{name} for micro-batch {mb} runs before the embedding's forward")
             _, self.jobs[key] = backward_data(graph, [self._grad(self.layout.next(layer) or layer, "x", mb, name)])
+            self._release(layer, mb)
         job = self.jobs.get(key)
         if job is None:
             raise ExecutionError(f"{name} for micro-batch {mb} runs before {layer}.{op}.dgrad")
@@ -726,7 +749,11 @@ class StageExecutor:
         elif (op, phase) == ("combine", "fwd"):
             tensor, splits, target = self._resolve((layer, "expert_out", mb), name), (recv, send), (layer, "returned", mb)
         elif (op, phase) == ("combine", "dgrad"):
+            # The layer output's backward (assemble) is compute, the first the combine's backward needs.
+            start, start_cpu, blocked_before = time.perf_counter_ns(), time.thread_time_ns(), self.stats.blocked_ns
             self._assembled_grads(layer, mb, name)
+            self.stats.cpu_ns["dgrad"] += time.thread_time_ns() - start_cpu
+            self.stats.compute_ns += time.perf_counter_ns() - start - (self.stats.blocked_ns - blocked_before)
             tensor, splits, target = self._grad(layer, "returned", mb, name), (send, recv), (layer, "expert_out", mb)
         elif (op, phase) == ("dispatch", "dgrad"):
             tensor, splits, target = self._grad(layer, "received", mb, name), (recv, send), (layer, "permuted", mb)

@@ -11,6 +11,9 @@ that, each iteration, with what the plan predicts for the same work:
   the training thread waited for (``exposed_us``);
 - ``stage``: each virtual stage's forward or backward chunk (mean over
   micro-batches): the summed compute time of its tasks;
+- ``split``: per iteration, what the backward split cost: the training
+  thread's CPU time in forward, dgrad and wgrad tasks and in the runtime, and
+  how many weight operations took a dedicated split or the general path;
 - ``pair``: each forward/backward pair that meets on this rank (a forward
   chunk whose backward partner is the next chunk in program order, or whose
   tasks interleave with it): the time from its first task's start to its last
@@ -209,8 +212,30 @@ class PredictionLedger:
             "mean_abs_error": mean, "p95_abs_error": summary.p95_abs_error, "replan": summary.replan,
             "threshold": self.threshold, "window": self.window,
         })
+        self.rows.extend(self._split_rows(iteration, result, hardware))
         self.summaries.append(summary)
         return summary
+
+    def _split_rows(self, iteration: int, result: Any, hardware: str) -> list[dict[str, Any]]:
+        """What the backward split cost this iteration: the training thread's CPU per phase, and how ops were split.
+
+        ``cpu_us``: forward, dgrad and wgrad tasks and the rest (the runtime with its
+        transfers), summed over the iteration; ``dedicated_ops``/``general_ops``:
+        weight operations split by a dedicated rule or by the general path
+        (``runtime.backward_split``). No prediction: the plan costs tasks, not phases.
+        """
+        cpu = getattr(result, "cpu_ns", None) or {}
+        if not cpu:
+            return []
+        counters = result.counters
+        return [{
+            "format": FORMAT, "kind": "split", "name": "backward split", "iteration": iteration, "rank": self.rank,
+            "hardware": hardware, "settings": self.settings,
+            "cpu_us": {phase: cpu[phase] / 1e3 for phase in ("fwd", "dgrad", "wgrad", "other", "total") if phase in cpu},
+            "dedicated_ops": int(counters.get("split_dedicated_ops", 0)),
+            "general_ops": int(counters.get("split_general_ops", 0)),
+            "wgrad_tasks": int(counters.get("wgrad_run", 0)),
+        }]
 
     def _task_rows(self, records: Iterable[Any]) -> list[dict[str, Any]]:
         times: dict[int, list[float]] = {}

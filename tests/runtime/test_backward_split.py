@@ -6,9 +6,19 @@ import random
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from runtime.backward_split import ForwardRunner, OrderedGradients, ParamSlot, SplitError, backward_data
+from runtime import backward_split
+from runtime.backward_split import (
+    ForwardRunner,
+    GeneralSplitWarning,
+    OrderedGradients,
+    ParamSlot,
+    SplitError,
+    SplitOp,
+    backward_data,
+)
 from runtime.moe_binding import MoEBinding, Routing, shard_experts
 
 from tiny_plan import tiny_example
@@ -102,20 +112,108 @@ def test_embedding_weight_gradient_comes_from_the_output_gradient():
     check_same(b.embedding_fn(), [ids], b.slots("embed", "embedding"), [torch.randn(1, 12, 64)])
 
 
-def test_weight_gradients_are_computed_in_wgrad_not_in_dgrad():
+def test_weight_gradients_are_computed_in_wgrad_not_in_dgrad(monkeypatch):
     b = MoEBinding(small_model())
     slots = b.slots("l1", "shared_expert")
     graph = ForwardRunner().run("l1.shared_expert", b.shared_fn("l1"), [torch.randn(1, 12, 64)], slots)
-    computed: list[int] = []
-    weights = [w for op in graph.ops for w in op.inner_weights]
-    assert len(weights) == len(slots)  # each parameter is used by one operation here
-    for i, w in enumerate(weights):
-        w.register_hook(lambda g, i=i: computed.append(i))
+    assert all(isinstance(op, SplitOp) for op in graph.ops) and len(graph.ops) == len(slots)
+    computed: list[str] = []
+    original = SplitOp.weight_grads
+
+    def counting(op):
+        computed.append(op.rule.name)
+        return original(op)
+
+    monkeypatch.setattr(SplitOp, "weight_grads", counting)
     input_grads, job = backward_data(graph, [torch.randn(12, 64)])
     assert input_grads[0] is not None and computed == []
+    assert all(op.grad is not None for op in graph.ops)  # (input, grad_output) kept for later
     grads = job.run()
-    assert sorted(computed) == list(range(len(weights)))
+    assert computed == ["linear"] * len(slots)
     assert all(g is not None for g in grads.values())
+
+
+def _one_op_grads(op, x, weights, grad, split):
+    """Gradients of ``op(x, *weights)`` for x and the weights: ordinary autograd, or the split."""
+    params = [nn.Parameter(w.clone()) for w in weights]
+    holder = nn.Module()
+    for i, p in enumerate(params):
+        holder.register_parameter(f"w{i}", p)
+    slots = tuple(ParamSlot(f"w{i}", holder, f"w{i}") for i in range(len(params)))
+
+    def fn(x):
+        return (op(x, *[getattr(holder, f"w{i}") for i in range(len(params))]),)
+
+    if not split:
+        return plain_grads(fn, [x], slots, [grad])
+    graph = ForwardRunner().run("one", fn, [x], slots)
+    assert graph.general_ops == () and [type(o) for o in graph.ops] == [SplitOp]
+    return split_grads(fn, [x], slots, [grad])
+
+
+DEDICATED = {
+    "linear 3-d": (lambda x, w: F.linear(x, w), (2, 5, 8), [(6, 8)], (2, 5, 6)),
+    "linear 2-d": (lambda x, w: F.linear(x, w, None), (5, 8), [(6, 8)], (5, 6)),
+    "linear, x column-major": (lambda x, w: F.linear(x.t(), w), (8, 5), [(6, 8)], (5, 6)),
+    "linear, x not contiguous": (lambda x, w: F.linear(x.transpose(0, 1), w), (5, 2, 8), [(6, 8)], (2, 5, 6)),
+    "matmul, derived weight": (lambda x, w: x @ w[1].t(), (5, 8), [(3, 6, 8)], (5, 6)),
+    "matmul 3-d": (lambda x, w: torch.matmul(x, w), (2, 5, 8), [(8, 6)], (2, 5, 6)),
+    "bmm": (lambda x, w: torch.bmm(x, w), (3, 5, 8), [(3, 8, 6)], (3, 5, 6)),
+    "mul, norm scale": (lambda x, w: x * w, (2, 5, 8), [(8,)], (2, 5, 8)),
+    "mul, weight first": (lambda x, w: w * x, (2, 5, 8), [(5, 1)], (2, 5, 8)),
+    "mul, derived weight": (lambda x, w: -w.exp() * x, (2, 5, 4), [(4,)], (2, 5, 4)),
+    "add, bias": (lambda x, w: x + w, (2, 5, 8), [(8,)], (2, 5, 8)),
+    "add, same shape": (lambda x, w: w + x, (5, 8), [(5, 8)], (5, 8)),
+    "conv1d depthwise": (lambda x, w: F.conv1d(x, w, padding=3, groups=6), (2, 6, 9), [(6, 1, 4)], (2, 6, 12)),
+    "conv2d": (lambda x, w: F.conv2d(x, w, None, 1, (1, 0)), (2, 3, 5, 5), [(4, 3, 3, 3)], (2, 4, 5, 3)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DEDICATED))
+def test_each_dedicated_split_matches_plain_backward_bitwise(case):
+    op, x_shape, w_shapes, out_shape = DEDICATED[case]
+    torch.manual_seed(7)
+    x = torch.randn(x_shape)
+    weights = [torch.randn(s) for s in w_shapes]
+    grad = torch.randn(out_shape)
+    ref_in, ref_w = _one_op_grads(op, x, weights, grad, split=False)
+    got_in, got_w = _one_op_grads(op, x, weights, grad, split=True)
+    assert torch.equal(bits(got_in[0]), bits(ref_in[0]))
+    for a, b in zip(got_w, ref_w):
+        assert torch.equal(bits(a), bits(b))
+
+
+def test_embedding_split_matches_plain_backward_with_a_padding_index():
+    torch.manual_seed(3)
+    table = nn.Embedding(10, 4, padding_idx=-2)
+    slots = (ParamSlot("embed.weight", table, "weight"),)
+    ids = torch.tensor([[1, 8, 3, 8, 1]])
+    grad = torch.randn(1, 5, 4)
+
+    def fn(ids):
+        return (table(ids),)
+
+    graph = ForwardRunner().run("embed", fn, [ids], slots)
+    assert [op.rule.name for op in graph.ops] == ["embedding"]
+    _, ref_w = plain_grads(fn, [ids], slots, [grad])
+    _, got_w = split_grads(fn, [ids], slots, [grad])
+    assert torch.equal(bits(got_w[0]), bits(ref_w[0]))
+    assert not got_w[0][8].any()  # the padding row gets no gradient
+
+
+def test_an_operation_without_a_dedicated_split_takes_the_general_path_and_says_so():
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 8)  # with a bias: F.linear(x, w, b) has no dedicated split
+    slots = (ParamSlot("lin.weight", lin, "weight"), ParamSlot("lin.bias", lin, "bias"))
+
+    def fn(x):
+        return (lin(x),)
+
+    backward_split._warned.discard("linear")
+    with pytest.warns(GeneralSplitWarning, match="'linear' with a parameter has no dedicated backward split"):
+        graph = ForwardRunner().run("biased", fn, [torch.randn(3, 8)], slots)
+    assert graph.general_ops == ("linear",)
+    check_same(fn, [torch.randn(3, 8)], slots, [torch.randn(3, 8)])
 
 
 def test_each_half_runs_exactly_once():

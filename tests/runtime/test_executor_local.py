@@ -67,6 +67,8 @@ def test_one_rank_trains_bitwise_like_the_reference(world_of_one, one_rank_plan)
         counters = result.iteration.counters
         assert counters["offered"] == counters["deferred"] == movable * MBS
         assert counters["placed"] + counters["fallbacks"] == movable * MBS
+        # every weight operation of the tiny model has a dedicated split; none took the general path
+        assert counters["split_dedicated_ops"] > 0 and counters["split_general_ops"] == 0
         # the training thread's CPU time, per phase: every phase ran, and the phases add up to the total
         cpu = result.iteration.cpu_ns
         assert all(cpu[phase] > 0 for phase in ("fwd", "dgrad", "wgrad"))

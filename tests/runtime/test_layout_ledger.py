@@ -135,6 +135,23 @@ def test_ledger_rows_errors_and_replanning(tmp_path):
     assert summary["replan"] is True and summary["kinds"]["collective"]["rows"] == 3
 
 
+def test_ledger_records_what_the_backward_split_cost(tmp_path):
+    program = runtime.load_plan(plan_bytes(two_stage_programs()), rank=0)
+    ledger = PredictionLedger(program, [["embed", "l0", "l1"], ["l2", "head"]], 0)
+    cpu = {"fwd": 3_000_000, "dgrad": 4_000_000, "wgrad": 1_500_000, "other": 500_000, "total": 9_000_000}
+    counters = {"split_dedicated_ops": 40, "split_general_ops": 2, "wgrad_run": 5}
+    ledger.record(0, IterationResult([], [], counters, [], 0, 0, 0, 0, cpu))
+    (row,) = [r for r in ledger.rows if r["kind"] == "split"]
+    assert row["cpu_us"] == {"fwd": 3000.0, "dgrad": 4000.0, "wgrad": 1500.0, "other": 500.0, "total": 9000.0}
+    assert (row["dedicated_ops"], row["general_ops"], row["wgrad_tasks"]) == (40, 2, 5)
+    assert row["iteration"] == 0 and row["rank"] == 0 and row["hardware"] == str(program.plan.hardware)
+    path = tmp_path / "run.jsonl"
+    PredictionLedger.write(path, ledger.rows)
+    rows = read_ledger(path)
+    assert [r for r in rows if r["kind"] == "split"] == [row]
+    assert "split" not in summarize(rows)["kinds"]  # no prediction, so no error to summarise
+
+
 def test_read_ledger_names_the_bad_line(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"format": "tessera-ledger/1", "kind": "summary"}\nnot json\n')

@@ -92,8 +92,12 @@ def test_losses_and_gradients_are_bitwise_those_of_one_process(plan, reference, 
     assert '"deferred": ' in out and '"deferred": 0,' not in out  # DBO held weight gradients back
     # The run's ledger re-plans the model: every task it ran is re-timed, the pairs it measured re-priced.
     rows = read_ledger(ledger)
-    assert {r["kind"] for r in rows} == {"task", "collective", "stage", "pair", "summary"}
+    assert {r["kind"] for r in rows} == {"task", "collective", "stage", "pair", "summary", "split"}
     assert {r["rank"] for r in rows} == set(range(4))
+    # ... with what the backward split cost on each rank: every weight operation split by a dedicated rule
+    splits = [r for r in rows if r["kind"] == "split"]
+    assert len(splits) == 4 * STEPS and all(r["general_ops"] == 0 and r["dedicated_ops"] > 0 for r in splits)
+    assert all(r["cpu_us"]["dgrad"] > 0 and r["cpu_us"]["wgrad"] > 0 for r in splits)
     replanned = compile(str(ROOT / "examples" / "tiny_qwen3_next.py"), hardware="h100", pp=2, vpp=2, ep=2,
                         microbatches=4, seq_len=SEQ, ledger=str(ledger))
     ran = {r["name"] for r in rows if r["kind"] == "task"}
