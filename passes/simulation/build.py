@@ -56,7 +56,7 @@ from passes.scheduling.schedule import RESOURCES, priority_order
 from passes.simulation import program as sim
 from passes.simulation.engine import DboSettings, SimulationResult, simulate
 from passes.simulation.routing import RoutingModel, RoutingSpec
-from passes.simulation.slots import annotate
+from passes.simulation.slots import POOL_MARGIN, annotate, pool_budgets
 from tessera_ir.errors import TesseraError
 from tessera_ir.kinds import FfnKind, Phase, Resource, TaskOp
 from tessera_ir.model import Layer, Module, PlanOp, SymbolRef, Task
@@ -80,7 +80,7 @@ class BuildOptions:
     dbo: bool = False  # find slots and the deferrable pool
     dp: int | None = None  # data-parallel replicas; None: the module's "dp" attribute, else 1
     distributed_optimizer: bool | None = None  # None: the module's setting (ParallelConfig, on by default)
-    dbo_memory_fraction: float = 0.03  # the DBO pool's budget, as a share of device memory (see dbo_budgets)
+    dbo_memory_fraction: float | None = None  # the DBO pool's budget as a share of device memory; None: the headroom (see dbo_budgets)
 
 
 class PlanReader(Protocol):
@@ -378,9 +378,12 @@ class SimulationBuilder:
         )
 
 
-def dbo_budgets(static: SimulationResult, capacity_bytes: int, fraction: float) -> tuple[int, ...]:
-    """Per rank, what the DBO pool may hold: ``fraction`` of device memory, within what the static plan leaves free."""
-    return tuple(max(0, min(int(fraction * capacity_bytes), capacity_bytes - r.peak_bytes)) for r in static.ranks)
+def dbo_budgets(
+    static: SimulationResult, capacity_bytes: int, fraction: float | None = None, margin: float = POOL_MARGIN
+) -> tuple[int, ...]:
+    """Per rank, what the DBO pool may hold: the headroom the static run leaves (less ``margin`` of
+    device memory), or ``fraction`` of device memory within it (``passes.simulation.slots.pool_budgets``)."""
+    return pool_budgets([r.peak_bytes for r in static.ranks], capacity_bytes, fraction, margin)
 
 
 class DboOps:
