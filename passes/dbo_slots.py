@@ -26,7 +26,8 @@ program's post-overlap timeline (``passes.simulation.slots``):
   where they only lengthen the step, with their duration, the bytes deferring them keeps alive,
   and their deadline (``grad_reduce``: by the end of the chunk's last backward step).
 - ``recv_wait`` slots, one op per device: the wait before each of its steps in a simulated
-  iteration of the static plan under balanced routing (``passes.simulation``), and the pool's
+  iteration of the static plan under balanced routing (``passes.simulation``), the idle after
+  its last step and gradient reduction until the iteration ends (``tail_us``), and the pool's
   memory budget: by default the device's headroom, device memory less the stage's static peak
   less ``memory-margin`` × device memory (5%: allocator fragmentation and communication buffers
   the memory model does not count); ``memory-budget=<share>`` overrides it with that share of
@@ -43,7 +44,7 @@ from typing import Literal
 
 from passes.manager import ModulePass, PassError, option
 from passes.plan_view import PlanView
-from passes.simulation.build import BuildError, BuildOptions, SimulationBuilder, dbo_budgets
+from passes.simulation.build import BuildError, BuildOptions, SimulationBuilder, dbo_budgets, static_tails
 from passes.simulation.engine import simulate
 from passes.simulation.program import Program
 from passes.simulation.slots import POOL_MARGIN
@@ -80,7 +81,9 @@ class DboSlotsPass(ModulePass):
         try:
             builder = SimulationBuilder(PlanView(module), options)
             inp = builder.build()
-            budgets = dbo_budgets(simulate(inp), builder.hw.memory_bytes, share, self.memory_margin)
+            static = simulate(inp)
+            budgets = dbo_budgets(static, builder.hw.memory_bytes, share, self.memory_margin)
+            tails = static_tails(static)
         except (BuildError, TesseraError) as err:
             raise PassError(f"dbo-slots: {err}") from None
         keys = {id(p): k for k, p in builder.programs.items()}
@@ -99,6 +102,7 @@ class DboSlotsPass(ModulePass):
                 "kind": "recv_wait",
                 "memory_budget_bytes": budgets[device],
                 "predicted_us": [round(x, 3) for x in predicted],
+                "tail_us": round(tails[device], 3),
             }))
         return True
 

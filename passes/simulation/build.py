@@ -149,7 +149,8 @@ class SimulationBuilder:
         self.contention = ContentionParams.from_hardware(self.hw, self.parallel.ep)
         self._programs: dict[tuple[ChunkKey, ChunkKey], sim.Program] = {}
         self.sources: dict[tuple[ChunkKey, ChunkKey], str | None] = {}  # program -> the plan schedule it follows
-        self.dbo_ops = DboOps(module)
+        # The plan's dbo ops describe the plan's pair schedules; another method's programs are annotated here.
+        self.dbo_ops = DboOps(module if options.method == "plan" else Module(module.name))
         dp = options.dp if options.dp is not None else module.attrs.get("dp", 1)
         self.dp = dp if isinstance(dp, int) and not isinstance(dp, bool) and dp >= 1 else 1
 
@@ -263,9 +264,11 @@ class SimulationBuilder:
             return inp
         if self.dbo_ops.present:
             predicted = self.dbo_ops.recv_predictions(inp)
+            tails = self.dbo_ops.tails(inp.pp)
         else:
-            predicted = simulate(inp).recv_waits
-        return replace(inp, recv_predicted_us=tuple(tuple(x) for x in predicted))
+            static = simulate(inp)
+            predicted, tails = static.recv_waits, static_tails(static)
+        return replace(inp, recv_predicted_us=tuple(tuple(x) for x in predicted), tail_predicted_us=tails)
 
     def routing(self, spec: RoutingSpec) -> RoutingModel:
         """The routing model of this module's MoE layers under ``spec``."""
@@ -386,6 +389,12 @@ def dbo_budgets(
     return pool_budgets([r.peak_bytes for r in static.ranks], capacity_bytes, fraction, margin)
 
 
+def static_tails(static: SimulationResult) -> tuple[float, ...]:
+    """Per rank, the idle after its last step and gradient reduction until the iteration ends: where
+    the weight gradients due at its last step can run without lengthening the iteration."""
+    return tuple(max(0.0, static.iteration_us - max(r.end_us, r.lanes["grad_reduce"].free_us)) for r in static.ranks)
+
+
 class DboOps:
     """The ``dbo_slot`` and ``dbo_pool`` ops of a module (written by the ``dbo-slots`` pass), by program."""
 
@@ -444,6 +453,14 @@ class DboOps:
                 )
             out.append([float(v) for v in values])  # type: ignore[arg-type]
         return out
+
+    def tails(self, pp: int) -> tuple[float, ...]:
+        """Per device, the predicted idle after its last step (``tail_us``; 0 when a plan lacks it)."""
+        out = []
+        for r in range(pp):
+            value = self.devices[r].attrs.get("tail_us", 0.0) if r in self.devices else 0.0
+            out.append(float(value) if isinstance(value, (int, float)) else 0.0)
+        return tuple(out)
 
     def budgets(self, pp: int) -> tuple[int, ...]:
         return tuple(int(self.devices[r].attrs.get("memory_budget_bytes", 0)) if r in self.devices else 0 for r in range(pp))  # type: ignore[arg-type]

@@ -242,13 +242,16 @@ def slot_forecast(inp: SimulationInput, rank: int, min_slot_us: float = 0.0) -> 
     """The slots rank ``rank``'s program offers the DBO, as its admission test sees them: every
     annotated slot of step ``k``'s program at position ``k`` with its balanced-routing wait
     ``base_us``, and (when the input predicts them) the receive wait before step ``k`` at
-    ``k - 1/2``, where the fallbacks due at step ``k - 1`` run (``runtime.dbo``, "Admission")."""
+    ``k - 1/2``, where the fallbacks due at step ``k - 1`` run (``runtime.dbo``, "Admission"),
+    and after the last step the predicted idle to the iteration's end."""
     slots: list[tuple[float, float]] = []
     recv = inp.recv_predicted_us[rank] if inp.recv_predicted_us else None
     for k, action in enumerate(inp.ranks[rank]):
         if recv is not None:
             slots.append((k - 0.5, recv[k]))
         slots.extend((k, s.base_us) for s in action.program.slots)
+    if inp.tail_predicted_us:
+        slots.append((len(inp.ranks[rank]) - 0.5, inp.tail_predicted_us[rank]))
     return SlotForecast(slots, min_slot_us)
 
 

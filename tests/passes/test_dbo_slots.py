@@ -9,6 +9,7 @@ from passes.plan_view import PlanView
 from passes.simulation.build import BuildOptions, SimulationBuilder
 from passes.simulation.engine import simulate
 from tessera_ir import parse_module, print_module, verify
+from tessera_ir.errors import TesseraError
 from tessera_ir.kinds import Resource
 from tessera_ir.model import SymbolRef
 
@@ -72,6 +73,14 @@ def test_the_simulator_reads_what_the_pass_wrote() -> None:
     assert ra.iteration_us == pytest.approx(rb.iteration_us, rel=1e-6)
     assert ra.dbo is not None and rb.dbo is not None
     assert (ra.dbo.offered, ra.dbo.placed, ra.dbo.fallbacks) == (rb.dbo.offered, rb.dbo.placed, rb.dbo.fallbacks)
+
+
+def test_the_verifier_refuses_a_negative_tail() -> None:
+    module = planned(dbo=True)
+    device = next(op for op in module.plan_ops("dbo_slot") if op.attrs["kind"] == "recv_wait")
+    device.attrs["tail_us"] = -1.0
+    with pytest.raises(TesseraError, match="tail_us"):
+        verify(module)
 
 
 def test_refusals() -> None:
