@@ -214,7 +214,8 @@ def run_workload(name: str, settings: dict, args: argparse.Namespace) -> list[di
                 row["dbo_refused_memory"] = d.refused_memory
                 row["dbo_recovered_ms"] = round(d.recovered_us / 1e3 / args.iterations, 3)
                 row["dbo_error"] = round(d.abs_error_us / d.observed_us, 4) if d.observed_us > 0 else 0.0
-                row["dbo_budget_gib"] = round(min(_budgets(settings_of[c], len(s.peak_bytes))) / 2**30, 3)
+                budget = min(_budgets(settings_of[c], len(s.peak_bytes)))
+                row["dbo_budget_gib"] = round(budget / 2**30, 3) if budget < UNBOUNDED else None  # None: unbounded
                 row["dbo_memory_gib"] = round(max(a - b for a, b in zip(s.peak_bytes, static.peak_bytes)) / 2**30, 3)
             rows.append(row)
     return rows

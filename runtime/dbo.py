@@ -82,7 +82,7 @@ Positions: a slot inside step ``k`` is at ``k``; the pipeline wait before step `
 that has such slots) at ``k - 1/2``, between the steps. That wait is where the fallbacks due at
 step ``k - 1`` run, after the step's sends and before the next step could start anyway — the
 cool-down bubbles zero-bubble schedules fill with weight gradients — so it counts for tasks due
-at ``k - 1``. A slot's forecast is its ``base_us`` (0 when below ``min_slot_us``): a prediction
+at ``k - 1``; likewise the idle after a rank's last step (at ``last + 1/2``). A slot's forecast is its ``base_us`` (0 when below ``min_slot_us``): a prediction
 grows with the load imbalance, which is never below 1, so ``base_us`` is what any routing
 delivers; the admission never counts on idle time the routing might not open. Counted as
 ``refused_deadline``. Without a forecast the admission is by memory alone.
@@ -95,14 +95,16 @@ Contract for other implementations
 ----------------------------------
 
 The C++ runtime must match, decision for decision, on the same inputs: the budget test
-``pool_bytes + memory_bytes <= memory_budget_bytes`` in integers, then the admission test (a task due
-at its own step passes; integer positions there, so ``(step, d + 1/2]`` is ``(step, d]``; capacities as prefix sums ``cum`` of the forecast in step order, the capacity of ``(a, b]``
-being ``cum(b) - cum(a)``; the demand summed over pooled tasks in ``(deadline_step, task_id)``
-order, the offered task in its place, each partial sum compared with ``<= capacity + 1e-9``); the prediction formula in
-IEEE double arithmetic, evaluated as written above; the best-fit order (largest duration, then
-earliest deadline, then smallest id) with the fit test ``duration_us <= remaining + 1e-9``;
-the fallback order by ``task_id``; and the counters of :class:`DboCounters`. The differential
-tests replay the same offer/fill/settle/due sequence through both and compare every decision.
+``pool_bytes + memory_bytes <= memory_budget_bytes`` in integers; then the admission test (a
+task due at its own step passes; positions there are integers, so ``(step, d + 1/2]`` is
+``(step, d]``; capacities are prefix sums ``cum`` of the forecast in position order, the
+capacity of ``(a, b]`` being ``cum(b) - cum(a)``; the demand is summed over the pooled tasks in
+``(deadline_step, task_id)`` order, the offered task in its place, each partial sum compared
+with ``<= capacity + 1e-9``); the prediction formula in IEEE double arithmetic, evaluated as
+written above; the best-fit order (largest duration, then earliest deadline, then smallest id)
+with the fit test ``duration_us <= remaining + 1e-9``; the fallback order by ``task_id``; and
+the counters of :class:`DboCounters`. The differential tests replay the same
+offer/fill/settle/due sequence through both and compare every decision.
 """
 
 from __future__ import annotations
