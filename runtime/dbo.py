@@ -229,7 +229,7 @@ class SlotForecast:
         width = 1
         while 2 * width <= len(capacity):
             previous = table[-1]
-            table.append([max(a, b) for a, b in zip(previous, previous[width:])])
+            table.append(list(map(max, previous[: len(previous) - width], previous[width:])))
             width *= 2
         self._table = table
 

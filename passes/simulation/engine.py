@@ -40,6 +40,7 @@ iteration's end), so ``busy + idle == iteration time`` is a check, not a definit
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -238,12 +239,24 @@ class _Compiled:
         )
 
 
+# Forecasts by input (while it lives), rank and shortest slot: a capacity report simulates one input
+# for many iterations, and a forecast depends on nothing else.
+_FORECASTS: dict[int, dict[tuple[int, float], SlotForecast]] = {}
+
+
 def slot_forecast(inp: SimulationInput, rank: int, min_slot_us: float = 0.0) -> SlotForecast:
     """The slots rank ``rank``'s program offers the DBO, as its admission test sees them: every
     annotated slot of step ``k``'s program at position ``k`` with its balanced-routing wait
     ``base_us``, and (when the input predicts them) the receive wait before step ``k`` at
     ``k - 1/2``, where the fallbacks due at step ``k - 1`` run (``runtime.dbo``, "Admission"),
     and after the last step the predicted idle to the iteration's end."""
+    known = _FORECASTS.get(id(inp))
+    if known is None:
+        known = _FORECASTS[id(inp)] = {}
+        weakref.finalize(inp, _FORECASTS.pop, id(inp), None)
+    cached = known.get((rank, min_slot_us))
+    if cached is not None:
+        return cached
     slots: list[tuple[float, float]] = []
     recv = inp.recv_predicted_us[rank] if inp.recv_predicted_us else None
     for k, action in enumerate(inp.ranks[rank]):
@@ -252,7 +265,8 @@ def slot_forecast(inp: SimulationInput, rank: int, min_slot_us: float = 0.0) -> 
         slots.extend((k, s.base_us) for s in action.program.slots)
     if inp.tail_predicted_us:
         slots.append((len(inp.ranks[rank]) - 0.5, inp.tail_predicted_us[rank]))
-    return SlotForecast(slots, min_slot_us)
+    forecast = known[(rank, min_slot_us)] = SlotForecast(slots, min_slot_us)
+    return forecast
 
 
 def _overlap_sweep(comm: list[tuple[float, float, int]], compute: list[tuple[float, float]]) -> list[float]:
