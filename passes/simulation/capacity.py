@@ -318,8 +318,8 @@ def plan_capacity(
 ) -> PlanCapacity:
     """Simulate the plan ``view`` reads (a ``PlanView``) with and without the DBO under the same routing draws.
 
-    The two configurations are independent: with ``second_process``, a second core and a large
-    plan, the static one runs in a forked process beside the DBO one (same draws, same numbers).
+    The configurations are independent: with ``second_process``, a second core and a large plan,
+    those without the DBO run in a forked process beside those with it (same draws, same numbers).
     Off by default, since forking is only safe where the caller knows which threads its process
     runs (the command-line compile does; a trainer embedding the API may not). ``attribution``
     adds the DBO's bound and the fixed-template pairs with and without it (:class:`DboAttribution`).
@@ -332,11 +332,24 @@ def plan_capacity(
     static_inp = static_builder.build()
     model = static_builder.routing(routing)
 
-    def static_summary() -> RunSummary:
-        return summarize("static plan", run_iterations(static_inp, model, iterations))
+    fixed_builder = SimulationBuilder(view, BuildOptions(dp=dp, method="fixed-template")) if attribution else None
+
+    def static_side() -> tuple[RunSummary, list[RunSummary]]:
+        """The runs without the DBO: the static plan, and for the attribution its bound and the
+        fixed-template pairs with their bound."""
+        static = summarize("static plan", run_iterations(static_inp, model, iterations))
+        if fixed_builder is None:
+            return static, []
+        fixed_inp = fixed_builder.build()
+        return static, [
+            summarize("static plan, weight gradients free", run_iterations(without_weight_gradients(static_inp), model, iterations)),
+            summarize("fixed-template pairs", run_iterations(fixed_inp, model, iterations)),
+            summarize("fixed-template pairs, weight gradients free",
+                      run_iterations(without_weight_gradients(fixed_inp), model, iterations)),
+        ]
 
     static_wait = (
-        beside(static_summary)
+        beside(static_side)
         if second_process and _task_steps(static_inp, iterations) >= _FORK_ABOVE_TASK_STEPS and _other_core()
         else None
     )
@@ -344,7 +357,13 @@ def plan_capacity(
     dbo_inp = dbo_builder.build()
     settings = dbo_builder.dbo_settings(dbo_inp)
     dynamic = run_iterations(dbo_inp, model, iterations, settings, record_first=record)
-    static = static_wait() if static_wait is not None else static_summary()
+    fixed_dbo = None
+    if attribution:
+        fixed_dbo_builder = SimulationBuilder(view, BuildOptions(dp=dp, method="fixed-template", dbo=True))
+        fixed_dbo_inp = fixed_dbo_builder.build()
+        fixed_dbo = summarize("fixed-template pairs + DBO", run_iterations(
+            fixed_dbo_inp, model, iterations, fixed_dbo_builder.dbo_settings(fixed_dbo_inp)))
+    static, others = static_wait() if static_wait is not None else static_side()
     moe = model.moe_layers
     mean = (sum(float(model.imbalance(i)[moe].mean()) for i in range(iterations)) / iterations) if moe else 1.0
     p = static_builder.parallel
@@ -354,17 +373,7 @@ def plan_capacity(
     )
     report = CapacityReport(title, static_builder.hw.name, routing.describe(), mean, static,
                             summarize("static plan + DBO", dynamic))
-    if attribution:
-        fixed_builder = SimulationBuilder(view, BuildOptions(dp=dp, method="fixed-template"))
-        fixed_inp = fixed_builder.build()
-        fixed_dbo_builder = SimulationBuilder(view, BuildOptions(dp=dp, method="fixed-template", dbo=True))
-        fixed_dbo_inp = fixed_dbo_builder.build()
-        report.attribution = DboAttribution(
-            bound=summarize("static plan, weight gradients free", run_iterations(without_weight_gradients(static_inp), model, iterations)),
-            fixed=summarize("fixed-template pairs", run_iterations(fixed_inp, model, iterations)),
-            fixed_dbo=summarize("fixed-template pairs + DBO", run_iterations(
-                fixed_dbo_inp, model, iterations, fixed_dbo_builder.dbo_settings(fixed_dbo_inp))),
-            fixed_bound=summarize("fixed-template pairs, weight gradients free",
-                                  run_iterations(without_weight_gradients(fixed_inp), model, iterations)),
-        )
+    if fixed_dbo is not None:
+        bound, fixed, fixed_bound = others
+        report.attribution = DboAttribution(bound=bound, fixed=fixed, fixed_dbo=fixed_dbo, fixed_bound=fixed_bound)
     return PlanCapacity(report, dynamic[0])
