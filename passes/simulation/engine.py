@@ -31,7 +31,8 @@ Model (the input is a :class:`~passes.simulation.program.SimulationInput`):
   last backward, so every deferred weight gradient is done before its reduction starts.
   Admission (``DboSettings.admission``, on by default) is the policy's deadline-aware one, over
   the rank's forecast slots (:func:`slot_forecast`): every annotated slot with its ``base_us``
-  and every step's predicted receive wait, as the runtime's SLOT instructions carry them.
+  (what the runtime's SLOT instructions carry), and the predicted receive wait before every
+  step and idle tail after the last one (which only the simulator's model of the runtime has).
 
 Accounting: for every rank and lane (compute, a2a, send_next, send_prev, grad_reduce) busy time
 and idle time are summed independently (idle = every gap between busy intervals, from 0 to the

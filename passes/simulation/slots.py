@@ -22,8 +22,8 @@ step and runs them in a later slot, or as a fallback by their deadline.
 *The pool's budget.* The memory the pool may keep alive on a rank is what the rank's static
 peak leaves free on the device, less a margin (:data:`POOL_MARGIN`, 5% of device memory: the
 allocator's fragmentation and the communication libraries' buffers, which the memory model does
-not count) — not a fixed share: on a stage with room to spare a fixed 3% starves the pool, on a
-full one it is too much. A share of device memory may still be given (capped by the headroom).
+not count) — not a fixed share, which starves the pool on a stage with room to spare and says
+nothing about a full one. A share of device memory may still be given (capped by the headroom).
 
 *The bound.* :func:`without_weight_gradients` is the same input with every weight gradient at
 zero cost: no placement of deferred weight gradients can beat it, so the DBO's gain is reported
