@@ -26,8 +26,12 @@ program's post-overlap timeline (``passes.simulation.slots``):
   where they only lengthen the step, with their duration, the bytes deferring them keeps alive,
   and their deadline (``grad_reduce``: by the end of the chunk's last backward step).
 - ``recv_wait`` slots, one op per device: the wait before each of its steps in a simulated
-  iteration of the static plan under balanced routing (``passes.simulation``), and the pool's
-  memory budget: ``memory-budget`` × device memory, within what the static plan leaves free.
+  iteration of the static plan under balanced routing (``passes.simulation``), the idle after
+  its last step and gradient reduction until the iteration ends (``tail_us``), and the pool's
+  memory budget: by default the device's headroom, device memory less the stage's static peak
+  less ``memory-margin`` × device memory (5%: allocator fragmentation and communication buffers
+  the memory model does not count); ``memory-budget=<share>`` overrides it with that share of
+  device memory, within what the static plan leaves free.
 
 The steps follow the combined-1F1B order (``passes.pipelining.order``) the simulator and the
 per-rank programs use.
@@ -36,12 +40,14 @@ per-rank programs use.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from passes.manager import ModulePass, PassError, option
 from passes.plan_view import PlanView
-from passes.simulation.build import BuildError, BuildOptions, SimulationBuilder, dbo_budgets
+from passes.simulation.build import BuildError, BuildOptions, SimulationBuilder, dbo_budgets, static_tails
 from passes.simulation.engine import simulate
 from passes.simulation.program import Program
+from passes.simulation.slots import POOL_MARGIN
 from tessera_ir.errors import TesseraError
 from tessera_ir.model import Module, PlanEntry, PlanOp, SymbolRef, Value
 
@@ -53,22 +59,31 @@ class DboSlotsPass(ModulePass):
     name = "dbo-slots"
     summary = "Annotate the plan with DBO slots (where compute can wait) and the pool of deferrable weight gradients."
 
-    memory_budget: float = option(0.03, "share of device memory the pool of deferred weight gradients may hold")
+    memory_budget: float | Literal["headroom"] = option(
+        "headroom", "what the pool of deferred weight gradients may hold: 'headroom' (device memory less the stage's "
+        "static peak and the margin) or a share of device memory in [0, 1]"
+    )
+    memory_margin: float = option(POOL_MARGIN, "share of device memory the headroom budget leaves free beside the static peak")
 
     def check(self) -> None:
-        if not 0.0 <= self.memory_budget <= 1.0:
+        if self.memory_budget != "headroom" and not 0.0 <= self.memory_budget <= 1.0:
             raise PassError(f"dbo-slots: memory-budget is a share of device memory in [0, 1], got {self.memory_budget}")
+        if not 0.0 <= self.memory_margin < 1.0:
+            raise PassError(f"dbo-slots: memory-margin is a share of device memory in [0, 1), got {self.memory_margin}")
 
     def apply(self, module: Module) -> bool:
         if any(op.op in OPS for op in module.plan):
             raise PassError("dbo-slots: the module already holds dbo_slot/dbo_pool ops; run the pass once")
         if not module.plan_ops("partition"):
             raise PassError("dbo-slots: the module holds no partition; run the planning passes (… ,partition) first")
-        options = BuildOptions(dbo=True, dbo_memory_fraction=self.memory_budget)
+        share = None if self.memory_budget == "headroom" else float(self.memory_budget)
+        options = BuildOptions(dbo=True, dbo_memory_fraction=share)
         try:
             builder = SimulationBuilder(PlanView(module), options)
             inp = builder.build()
-            budgets = dbo_budgets(simulate(inp), builder.hw.memory_bytes, self.memory_budget)
+            static = simulate(inp)
+            budgets = dbo_budgets(static, builder.hw.memory_bytes, share, self.memory_margin)
+            tails = static_tails(static)
         except (BuildError, TesseraError) as err:
             raise PassError(f"dbo-slots: {err}") from None
         keys = {id(p): k for k, p in builder.programs.items()}
@@ -87,6 +102,7 @@ class DboSlotsPass(ModulePass):
                 "kind": "recv_wait",
                 "memory_budget_bytes": budgets[device],
                 "predicted_us": [round(x, 3) for x in predicted],
+                "tail_us": round(tails[device], 3),
             }))
         return True
 

@@ -34,10 +34,11 @@ Semantics
 ---------
 
 1. ``offer(task, step)``: defer ``task`` into the pool if the pool's bytes plus
-   ``task.memory_bytes`` stay within ``memory_budget_bytes``; return True. Otherwise return
-   False and the caller runs the task where it stands (the main stream). The budget is never
-   exceeded. A task whose ``deadline_step < step`` is refused with :class:`DboError`, and so is
-   a ``task_id`` seen before in this iteration.
+   ``task.memory_bytes`` stay within ``memory_budget_bytes`` and (with a slot forecast, see
+   *Admission*) the slots predicted before its deadline can absorb it; return True. Otherwise
+   return False and the caller runs the task where it stands (the main stream). The budget is
+   never exceeded. A task whose ``deadline_step < step`` is refused with :class:`DboError`, and
+   so is a ``task_id`` seen before in this iteration.
 2. ``predict(slot, imbalance)``: the slot's size from routing known before dispatch,
    ``base_us + (a2a_us + gemm_us) * (imbalance - 1)`` clamped at 0, where ``imbalance`` is the
    largest per-rank token load over the mean (:func:`load_imbalance` computes it from the
@@ -58,6 +59,34 @@ Semantics
 6. ``drain()``: at the end of the iteration, the tasks still pooled (possible only when a
    caller's deadlines lie past its last step) run as fallbacks, ordered by ``task_id``.
 
+Admission
+---------
+
+A task deferred where no slot can take it is not saved work: it runs as a fallback at its
+deadline step — for a weight gradient, the chunk's last backward, in the cool-down where the
+pipeline's critical path runs — and a larger pool only defers more such tasks. So with a
+:class:`SlotForecast` (the slots the plan predicts on this rank: their positions and their sizes
+under balanced routing, ``base_us``), a task offered at ``step`` and due at that same step is
+admitted (it waits only for the end of its own step, after the step's sends: the input gradient
+goes on before the weight gradient runs, the reorder zero-bubble schedules make); any other
+task only if
+
+- some single forecast slot at a position in ``(step, deadline_step + 1/2]`` is at least its
+  duration (tasks are not split across slots), and
+- for every deadline ``d >= task.deadline_step`` of the pooled tasks and the task itself, the
+  work of the pooled tasks with ``step < deadline_step <= d`` plus the task's is at most the
+  forecast capacity of the slots at positions in ``(step, d + 1/2]`` (the earliest-deadline-first
+  test of whether the pool, with the task, still fits the slots to come).
+
+Positions: a slot inside step ``k`` is at ``k``; the pipeline wait before step ``k`` (a caller
+that has such slots) at ``k - 1/2``, between the steps. That wait is where the fallbacks due at
+step ``k - 1`` run, after the step's sends and before the next step could start anyway — the
+cool-down bubbles zero-bubble schedules fill with weight gradients — so it counts for tasks due
+at ``k - 1``; likewise the idle after a rank's last step (at ``last + 1/2``). A slot's forecast is its ``base_us`` (0 when below ``min_slot_us``): a prediction
+grows with the load imbalance, which is never below 1, so ``base_us`` is what any routing
+delivers; the admission never counts on idle time the routing might not open. Counted as
+``refused_deadline``. Without a forecast the admission is by memory alone.
+
 The policy only ever places compute work into compute-stream idle time. It never issues,
 moves or reorders a collective: the order of collectives on every rank is the plan's
 (reordering collectives across ranks deadlocks real jobs).
@@ -66,11 +95,16 @@ Contract for other implementations
 ----------------------------------
 
 The C++ runtime must match, decision for decision, on the same inputs: the budget test
-``pool_bytes + memory_bytes <= memory_budget_bytes`` in integers; the prediction formula in
-IEEE double arithmetic, evaluated as written above; the best-fit order (largest duration, then
-earliest deadline, then smallest id) with the fit test ``duration_us <= remaining + 1e-9``;
-the fallback order by ``task_id``; and the counters of :class:`DboCounters`. The differential
-tests replay the same offer/fill/settle/due sequence through both and compare every decision.
+``pool_bytes + memory_bytes <= memory_budget_bytes`` in integers; then the admission test (a
+task due at its own step passes; positions there are integers, so ``(step, d + 1/2]`` is
+``(step, d]``; capacities are prefix sums ``cum`` of the forecast in position order, the
+capacity of ``(a, b]`` being ``cum(b) - cum(a)``; the demand is summed over the pooled tasks in
+``(deadline_step, task_id)`` order, the offered task in its place, each partial sum compared
+with ``<= capacity + 1e-9``); the prediction formula in IEEE double arithmetic, evaluated as
+written above; the best-fit order (largest duration, then earliest deadline, then smallest id)
+with the fit test ``duration_us <= remaining + 1e-9``; the fallback order by ``task_id``; and
+the counters of :class:`DboCounters`. The differential tests replay the same
+offer/fill/settle/due sequence through both and compare every decision.
 """
 
 from __future__ import annotations
@@ -129,6 +163,7 @@ class DboCounters:
     offered: int = 0  # tasks offered to the pool
     deferred: int = 0  # ... of which the pool took
     refused_memory: int = 0  # ... of which the memory budget turned away (they ran in place)
+    refused_deadline: int = 0  # ... of which no predicted slot before the deadline could take (ran in place)
     placed: int = 0  # deferred tasks run inside a slot
     fallbacks: int = 0  # deferred tasks run on the main stream at their deadline
     slots: int = 0  # slots the policy was asked about
@@ -172,6 +207,56 @@ def load_imbalance(expert_tokens: Sequence[int], ep: int) -> float:
     return max(loads) * ep / total
 
 
+class SlotForecast:
+    """The slots a rank's program will offer, as admission sees them: positions (steps, see
+    "Admission") and balanced-routing sizes.
+
+    Built once per rank and iteration; capacities are prefix sums in position order (ties in the
+    given order) and a sparse table answers "the largest single slot in a range of positions".
+    """
+
+    __slots__ = ("steps", "_cum", "_table")
+
+    def __init__(self, slots: Sequence[tuple[float, float]], min_slot_us: float = 0.0):
+        ordered = sorted(enumerate(slots), key=lambda e: (e[1][0], e[0]))
+        self.steps = [step for _, (step, _) in ordered]
+        capacity = [size if size >= min_slot_us and size > 0 else 0.0 for _, (_, size) in ordered]
+        cum = [0.0]
+        for c in capacity:
+            cum.append(cum[-1] + c)
+        self._cum = cum
+        table = [capacity]
+        width = 1
+        while 2 * width <= len(capacity):
+            previous = table[-1]
+            table.append(list(map(max, previous[: len(previous) - width], previous[width:])))
+            width *= 2
+        self._table = table
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def through(self, step: float) -> int:
+        """How many forecast slots lie at positions ``<= step``."""
+        return bisect.bisect_right(self.steps, step)
+
+    def capacity(self, after: float, through: float) -> float:
+        """Summed capacity of the slots at positions in ``(after, through]`` (0 when empty)."""
+        return self._cum[self.through(through)] - self._cum[self.through(after)]
+
+    def cum_through(self, step: float) -> float:
+        return self._cum[self.through(step)]
+
+    def largest(self, after: float, through: float) -> float:
+        """The largest single slot at a position in ``(after, through]`` (0 when there is none)."""
+        lo, hi = self.through(after), self.through(through)
+        if hi <= lo:
+            return 0.0
+        level = (hi - lo).bit_length() - 1
+        row = self._table[level]
+        return max(row[lo], row[hi - (1 << level)])
+
+
 @dataclass
 class DboPolicy:
     """The per-rank DBO policy for one iteration (see the module docstring for its semantics).
@@ -182,10 +267,12 @@ class DboPolicy:
 
     memory_budget_bytes: int
     min_slot_us: float = 0.0
+    forecast: SlotForecast | None = None  # None: admission by memory alone
     counters: DboCounters = field(default_factory=DboCounters)
     _pool: dict[int, MovableTask] = field(default_factory=dict, repr=False)
     _seen: set[int] = field(default_factory=set, repr=False)
     _order: list[tuple[float, int, int]] = field(default_factory=list, repr=False)  # (-duration, deadline, id)
+    _by_deadline: list[tuple[int, int, float]] = field(default_factory=list, repr=False)  # (deadline, id, duration)
     _pool_bytes: int = 0
 
     def __post_init__(self) -> None:
@@ -221,11 +308,36 @@ class DboPolicy:
         if self._pool_bytes + task.memory_bytes > self.memory_budget_bytes:
             self.counters.refused_memory += 1
             return False
+        if self.forecast is not None and not self._admissible(task, step):
+            self.counters.refused_deadline += 1
+            return False
         self._pool[task.task_id] = task
         bisect.insort(self._order, (-task.duration_us, task.deadline_step, task.task_id))
+        bisect.insort(self._by_deadline, (task.deadline_step, task.task_id, task.duration_us))
         self._pool_bytes += task.memory_bytes
         self.counters.deferred += 1
         self.counters.peak_pool_bytes = max(self.counters.peak_pool_bytes, self._pool_bytes)
+        return True
+
+    def _admissible(self, task: MovableTask, step: int) -> bool:
+        """The admission test of the module docstring: the slots to come can take the pool and ``task``."""
+        forecast = self.forecast
+        assert forecast is not None
+        if task.deadline_step == step:  # it only moves to the end of its own step
+            return True
+        if forecast.largest(step, task.deadline_step + 0.5) + FIT_EPS_US < task.duration_us:
+            return False
+        base = forecast.cum_through(step)
+        mine = (task.deadline_step, task.task_id, task.duration_us)
+        demand = 0.0
+        # Pooled tasks due at ``step`` or before are settled in this step (placed or fallen back).
+        start = bisect.bisect_right(self._by_deadline, (step, 2**63, 0.0))
+        entries = self._by_deadline[start:]
+        position = bisect.bisect_left(entries, mine)
+        for deadline, _, duration in (*entries[:position], mine, *entries[position:]):
+            demand += duration
+            if deadline >= task.deadline_step and demand > forecast.cum_through(deadline + 0.5) - base + FIT_EPS_US:
+                return False
         return True
 
     @staticmethod
@@ -291,4 +403,5 @@ class DboPolicy:
     def _take(self, task: MovableTask) -> None:
         del self._pool[task.task_id]
         del self._order[bisect.bisect_left(self._order, (-task.duration_us, task.deadline_step, task.task_id))]
+        del self._by_deadline[bisect.bisect_left(self._by_deadline, (task.deadline_step, task.task_id, task.duration_us))]
         self._pool_bytes -= task.memory_bytes

@@ -15,7 +15,11 @@ RECV and COLLECTIVE are work to issue; the trainer reports each one's end with
 Dynamic bubble optimisation (DBO), with the policy of the simulator's DBO
 (issue 12's ``runtime/dbo.py``), steps being instruction indices: a DEFER
 offers a movable task (a weight gradient) to a pool, which takes it unless the
-memory it keeps alive would exceed the budget (then it runs in place). At a
+memory it keeps alive would exceed the budget, or — unless it is due at the
+instruction after its offer — the SLOTs between the offer and its deadline (each counted at its ``base_us``, 0 below ``min_slot_us``)
+could not absorb it beside the tasks already pooled: no single one is long
+enough, or the earliest-deadline-first sums do not fit (``runtime/dbo.py``,
+"Admission"); then it runs in place. At a
 SLOT the compute stream is about to wait for an All-to-All that is still
 running: the slot's size is predicted from the load imbalance of the
 per-expert token counts reported for that All-to-All, ``base + (a2a + gemm) *
@@ -78,6 +82,7 @@ COUNTER_NAMES = (
     "offered",  # movable tasks offered to the pool (DEFER or register_task)
     "deferred",  # ... that the pool took
     "refused_memory",  # ... that the memory budget turned away (run in place)
+    "refused_deadline",  # ... that no SLOT before the deadline could absorb (run in place)
     "placed",  # deferred tasks run in a slot
     "fallbacks",  # deferred tasks run on the main stream at their deadline
     "slots",  # slots where the compute stream had to wait and the policy was asked
@@ -177,6 +182,7 @@ class ReferenceFSM:
         memory_budget_bytes: int | None = None,
         min_slot_us: float = 0.0,
         max_registered: int = 4096,
+        admission: bool = True,
     ):
         plan = program.image.plan
         self.program = program
@@ -187,6 +193,7 @@ class ReferenceFSM:
         self.dbo = dbo
         self.budget = plan.memory_budget_bytes if memory_budget_bytes is None else memory_budget_bytes
         self.min_slot_us = min_slot_us
+        self.admission = admission  # off: the pool takes whatever the memory budget allows
         n = len(self.code)
         self.end = n - 1
         self.capacity = n + max_registered
@@ -203,9 +210,18 @@ class ReferenceFSM:
         # SLOT instructions by (All-to-All task, micro-batch), for report_tokens; the last one wins.
         self.slot_of: dict[tuple[int, int], int] = {}
         self.predicted: dict[int, float] = {}
+        # The admission's forecast: every SLOT's instruction index and balanced-routing size, and
+        # the prefix sums of those sizes (cum[j]: the first j SLOTs), as the C++ FSM sums them.
+        self.slot_steps: list[int] = []
+        self.slot_size: list[float] = []
+        self.slot_cum: list[float] = [0.0]
         for i, ins in enumerate(self.code):
             if ins.op == Op.SLOT:
                 self.slot_of[(self.code[ins.b].a, ins.mb)] = i
+                base = self.slots[ins.a].base_us
+                self.slot_steps.append(i)
+                self.slot_size.append(base if base >= min_slot_us and base > 0 else 0.0)
+                self.slot_cum.append(self.slot_cum[-1] + self.slot_size[-1])
 
     @property
     def counters(self) -> dict[str, float]:
@@ -317,11 +333,41 @@ class ReferenceFSM:
             self.c["refused_memory"] += 1
             self.ready.append((entry, False, False))
             return
+        # A DEFER offers at its own instruction, a registered task at the current one.
+        if self.admission and not self._admissible(entry, action_id if action_id < len(self.code) else self.pc):
+            self.c["refused_deadline"] += 1
+            self.ready.append((entry, False, False))
+            return
         self.state[action_id] = POOLED
         self.pool[action_id] = entry
         self.pool_bytes += memory_bytes
         self.c["deferred"] += 1
         self.c["peak_pool_bytes"] = max(self.c["peak_pool_bytes"], self.pool_bytes)
+
+    def _slots_through(self, step: int) -> int:
+        """How many SLOTs lie at instruction indices ``<= step``."""
+        n = 0
+        while n < len(self.slot_steps) and self.slot_steps[n] <= step:
+            n += 1
+        return n
+
+    def _admissible(self, entry: _Pooled, step: int) -> bool:
+        if entry.deadline_step == step:  # due at once: it moves past nothing
+            return True
+        lo, hi = self._slots_through(step), self._slots_through(entry.deadline_step)
+        largest = max(self.slot_size[lo:hi], default=0.0)
+        if largest + FIT_EPS_US < entry.duration_us:
+            return False
+        waiting = sorted(
+            [e for e in self.pool.values() if e.deadline_step > step] + [entry], key=lambda e: (e.deadline_step, e.id)
+        )
+        demand = 0.0
+        for e in waiting:
+            demand += e.duration_us
+            capacity = self.slot_cum[self._slots_through(e.deadline_step)] - self.slot_cum[lo]
+            if e.deadline_step >= entry.deadline_step and demand > capacity + FIT_EPS_US:
+                return False
+        return True
 
     def _take(self, entry: _Pooled) -> None:
         del self.pool[entry.id]

@@ -6,8 +6,8 @@ entry per compute task that may wait for an All-to-All, naming the comm task it 
 of its prediction.
 
 ``dbo_slot`` with ``kind = "recv_wait"``: per pipeline device, no entries; ``device``, the
-predicted wait before each of its steps (``predicted_us``, non-negative) and the pool's
-``memory_budget_bytes``.
+predicted wait before each of its steps (``predicted_us``, non-negative), optionally the idle after
+its last step (``tail_us``, non-negative) and the pool's ``memory_budget_bytes``.
 
 ``dbo_pool``: per program, one entry per deferrable task: a movable task, with a non-negative
 ``duration_us`` and integer ``memory_bytes``, and ``deadline_rule = "grad_reduce"`` (it must run
@@ -73,6 +73,8 @@ def _slot_op(r: _Reporter, op: PlanOp, tasks: dict, pp: int) -> Iterator[VerifyE
         predicted = op.attrs.get("predicted_us")
         if not isinstance(predicted, list) or not all(_non_negative(v) for v in predicted):
             yield r.plan(op, "needs predicted_us, a list of non-negative waits (µs), one per step of the device")
+        if "tail_us" in op.attrs and not _non_negative(op.attrs["tail_us"]):
+            yield r.plan(op, f"has tail_us = {op.attrs['tail_us']!r}; it must be a number >= 0")
         if not _count(op.attrs.get("memory_budget_bytes")):
             yield r.plan(op, f"has memory_budget_bytes = {op.attrs.get('memory_budget_bytes')!r}; it must be an integer >= 0")
         if op.entries:

@@ -59,7 +59,7 @@ from passes.scheduling.schedule import RESOURCES, priority_order
 from passes.simulation import program as sim
 from passes.simulation.engine import DboSettings, SimulationResult, simulate
 from passes.simulation.routing import RoutingModel, RoutingSpec
-from passes.simulation.slots import annotate
+from passes.simulation.slots import POOL_MARGIN, annotate, pool_budgets
 from tessera_ir.errors import TesseraError
 from tessera_ir.kinds import FfnKind, Phase, Resource, TaskOp
 from tessera_ir.model import Layer, Module, PlanOp, SymbolRef, Task
@@ -83,7 +83,7 @@ class BuildOptions:
     dbo: bool = False  # find slots and the deferrable pool
     dp: int | None = None  # data-parallel replicas; None: the module's "dp" attribute, else 1
     distributed_optimizer: bool | None = None  # None: the module's setting (ParallelConfig, on by default)
-    dbo_memory_fraction: float = 0.03  # the DBO pool's budget, as a share of device memory (see dbo_budgets)
+    dbo_memory_fraction: float | None = None  # the DBO pool's budget as a share of device memory; None: the headroom (see dbo_budgets)
 
 
 class PlanReader(Protocol):
@@ -152,7 +152,8 @@ class SimulationBuilder:
         self.contention = ContentionParams.from_hardware(self.hw, self.parallel.ep)
         self._programs: dict[tuple[ChunkKey, ChunkKey], sim.Program] = {}
         self.sources: dict[tuple[ChunkKey, ChunkKey], str | None] = {}  # program -> the plan schedule it follows
-        self.dbo_ops = DboOps(module)
+        # The plan's dbo ops describe the plan's pair schedules; another method's programs are annotated here.
+        self.dbo_ops = DboOps(module if options.method == "plan" else Module(module.name))
         dp = options.dp if options.dp is not None else module.attrs.get("dp", 1)
         self.dp = dp if isinstance(dp, int) and not isinstance(dp, bool) and dp >= 1 else 1
         self._steps: ShippedSteps | None = None
@@ -282,9 +283,11 @@ class SimulationBuilder:
             return inp
         if self.dbo_ops.present:
             predicted = self.dbo_ops.recv_predictions(inp)
+            tails = self.dbo_ops.tails(inp.pp)
         else:
-            predicted = simulate(inp).recv_waits
-        return replace(inp, recv_predicted_us=tuple(tuple(x) for x in predicted))
+            static = simulate(inp)
+            predicted, tails = static.recv_waits, static_tails(static)
+        return replace(inp, recv_predicted_us=tuple(tuple(x) for x in predicted), tail_predicted_us=tails)
 
     def routing(self, spec: RoutingSpec) -> RoutingModel:
         """The routing model of this module's MoE layers under ``spec``."""
@@ -388,9 +391,18 @@ def step_actions(
     )
 
 
-def dbo_budgets(static: SimulationResult, capacity_bytes: int, fraction: float) -> tuple[int, ...]:
-    """Per rank, what the DBO pool may hold: ``fraction`` of device memory, within what the static plan leaves free."""
-    return tuple(max(0, min(int(fraction * capacity_bytes), capacity_bytes - r.peak_bytes)) for r in static.ranks)
+def dbo_budgets(
+    static: SimulationResult, capacity_bytes: int, fraction: float | None = None, margin: float = POOL_MARGIN
+) -> tuple[int, ...]:
+    """Per rank, what the DBO pool may hold: the headroom the static run leaves (less ``margin`` of
+    device memory), or ``fraction`` of device memory within it (``passes.simulation.slots.pool_budgets``)."""
+    return pool_budgets([r.peak_bytes for r in static.ranks], capacity_bytes, fraction, margin)
+
+
+def static_tails(static: SimulationResult) -> tuple[float, ...]:
+    """Per rank, the idle after its last step and gradient reduction until the iteration ends: where
+    the weight gradients due at its last step can run without lengthening the iteration."""
+    return tuple(max(0.0, static.iteration_us - max(r.end_us, r.lanes["grad_reduce"].free_us)) for r in static.ranks)
 
 
 class DboOps:
@@ -451,6 +463,14 @@ class DboOps:
                 )
             out.append([float(v) for v in values])  # type: ignore[arg-type]
         return out
+
+    def tails(self, pp: int) -> tuple[float, ...]:
+        """Per device, the predicted idle after its last step (``tail_us``; 0 when a plan lacks it)."""
+        out = []
+        for r in range(pp):
+            value = self.devices[r].attrs.get("tail_us", 0.0) if r in self.devices else 0.0
+            out.append(float(value) if isinstance(value, (int, float)) else 0.0)
+        return tuple(out)
 
     def budgets(self, pp: int) -> tuple[int, ...]:
         return tuple(int(self.devices[r].attrs.get("memory_budget_bytes", 0)) if r in self.devices else 0 for r in range(pp))  # type: ignore[arg-type]

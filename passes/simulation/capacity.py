@@ -18,6 +18,12 @@ iterations unless said otherwise):
 - ``peak_bytes``: per rank, weights + gradients + optimizer state + the most in-flight
   activations (and DBO pool) at once, worst over iterations.
 - ``dbo``: the policy's counters summed over ranks and iterations (None without DBO).
+
+The DBO's gain is reported beside what earns it (:class:`DboAttribution`): its bound, the static
+plan with every weight gradient at zero cost (no placement of deferred weight gradients can beat
+it), and the same policy over Megatron-Core's fixed-template pairs on the same partition, whose
+schedules leave the weight gradients exposed where gap-fit already hides most of them — so a
+small DBO gain over gap-fit pairs reads as "little left to take", not as a weak policy.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from typing import TYPE_CHECKING
 from passes.simulation.engine import COMM_KINDS, DboSettings, SimulationResult, simulate
 from passes.simulation.program import SimulationInput
 from passes.simulation.routing import RoutingError, RoutingModel, RoutingSpec
+from passes.simulation.slots import without_weight_gradients
 from runtime.dbo import DboCounters
 from tessera_ir.beside import beside, cpu_cores
 
@@ -153,6 +160,44 @@ def run_iterations(
 
 
 @dataclass
+class DboAttribution:
+    """The DBO's bound and the policy over fixed-template pairs, simulated under the same routing draws."""
+
+    bound: RunSummary  # the static plan, every weight gradient free
+    fixed: RunSummary  # fixed-template pairs on the same partition, static
+    fixed_dbo: RunSummary  # ... with the DBO (its own slots, pool and headroom budget)
+    fixed_bound: RunSummary  # ... every weight gradient free
+
+    def as_dict(self, static: RunSummary, dynamic: RunSummary) -> dict:
+        return {
+            "gap_fit": {"dbo_reduction": _r(_reduction(static, dynamic)), "bound_reduction": _r(_reduction(static, self.bound))},
+            "fixed_template": {
+                "iteration_ms": _r(self.fixed.iteration_us / 1e3),
+                "dbo_reduction": _r(_reduction(self.fixed, self.fixed_dbo)),
+                "bound_reduction": _r(_reduction(self.fixed, self.fixed_bound)),
+            },
+        }
+
+    def render(self, static: RunSummary, dynamic: RunSummary) -> list[str]:
+        rows = [
+            ("gap-fit pairs (the plan)", static, dynamic, self.bound),
+            ("fixed-template pairs", self.fixed, self.fixed_dbo, self.fixed_bound),
+        ]
+        lines = ["DBO attributed (iteration-time reduction over the same pairs without it; bound: every weight "
+                 "gradient free):"]
+        for name, base, with_dbo, bound in rows:
+            gain, limit = _reduction(base, with_dbo), _reduction(base, bound)
+            share = f", {100 * gain / limit:.0f}% of the bound" if limit > 0 else ""
+            lines.append(f"  {name:26} static {base.iteration_us / 1e3:10.3f} ms   DBO {100 * gain:+.2f}%   bound "
+                         f"{100 * limit:.2f}%{share}")
+        return lines
+
+
+def _reduction(base: RunSummary, other: RunSummary) -> float:
+    return 1.0 - other.iteration_us / base.iteration_us if base.iteration_us > 0 else 0.0
+
+
+@dataclass
 class CapacityReport:
     """The static plan and the plan with DBO, simulated under the same routing draws."""
 
@@ -164,6 +209,7 @@ class CapacityReport:
     dynamic: RunSummary | None
     notes: list[str] = field(default_factory=list)
     ledger: LedgerFold | None = None  # a training run's ledger folded into the plan (tessera-compile --ledger)
+    attribution: DboAttribution | None = None
 
     def as_dict(self) -> dict:
         out: dict = {
@@ -177,6 +223,8 @@ class CapacityReport:
             out["dbo"] = self.dynamic.as_dict()
             out["dbo_iteration_reduction"] = _r(1.0 - self.dynamic.iteration_us / self.static.iteration_us)
             out["dbo_memory_added_gib"] = _r(self.memory_added_bytes / GIB)
+            if self.attribution is not None:
+                out["dbo_attribution"] = self.attribution.as_dict(self.static, self.dynamic)
         if self.notes:
             out["notes"] = list(self.notes)
         if self.ledger is not None:
@@ -216,6 +264,8 @@ class CapacityReport:
         if d is not None:
             change = 1.0 - d.iteration_us / s.iteration_us
             lines.append(f"DBO changes the iteration time by {-100 * change:+.2f}%.")
+            if self.attribution is not None:
+                lines += self.attribution.render(s, d)
         lines.append("")
         lines.append("Per stage (pipeline rank): post-overlap work per iteration, peak memory" + (" (static / + DBO)" if d else ""))
         for k, work in enumerate(s.stage_us):
@@ -229,7 +279,8 @@ class CapacityReport:
                 f"DBO: {c.slots} slots ({c.slots_filled} filled); predicted {c.predicted_us / 1e3:.3f} ms vs observed "
                 f"{c.observed_us / 1e3:.3f} ms of idle (mean absolute error {100 * error:.1f}% of observed)",
                 f"     {c.offered} movable tasks offered, {c.deferred} deferred ({c.refused_memory} refused by the memory "
-                f"budget), {c.placed} placed in slots, {c.fallbacks} fell back at their deadline",
+                f"budget, {c.refused_deadline} because no slot before their deadline could take them), {c.placed} placed "
+                f"in slots, {c.fallbacks} fell back at their deadline",
                 f"     idle recovered {c.recovered_us / 1e3:.3f} ms (overrun {c.overrun_us / 1e3:.3f} ms); memory added "
                 f"{self.memory_added_bytes / GIB:.2f} GiB at the worst stage",
             ]
@@ -263,14 +314,15 @@ def _other_core() -> bool:
 
 def plan_capacity(
     view: PlanReader, routing: RoutingSpec, iterations: int = 10, dp: int | None = None, record: bool = False,
-    second_process: bool = False,
+    second_process: bool = False, attribution: bool = True,
 ) -> PlanCapacity:
     """Simulate the plan ``view`` reads (a ``PlanView``) with and without the DBO under the same routing draws.
 
-    The two configurations are independent: with ``second_process``, a second core and a large
-    plan, the static one runs in a forked process beside the DBO one (same draws, same numbers).
+    The configurations are independent: with ``second_process``, a second core and a large plan,
+    those without the DBO run in a forked process beside those with it (same draws, same numbers).
     Off by default, since forking is only safe where the caller knows which threads its process
-    runs (the command-line compile does; a trainer embedding the API may not).
+    runs (the command-line compile does; a trainer embedding the API may not). ``attribution``
+    adds the DBO's bound and the fixed-template pairs with and without it (:class:`DboAttribution`).
     """
     from passes.simulation.build import BuildOptions, SimulationBuilder
 
@@ -280,11 +332,24 @@ def plan_capacity(
     static_inp = static_builder.build()
     model = static_builder.routing(routing)
 
-    def static_summary() -> RunSummary:
-        return summarize("static plan", run_iterations(static_inp, model, iterations))
+    fixed_builder = SimulationBuilder(view, BuildOptions(dp=dp, method="fixed-template")) if attribution else None
+
+    def static_side() -> tuple[RunSummary, list[RunSummary]]:
+        """The runs without the DBO: the static plan, and for the attribution its bound and the
+        fixed-template pairs with their bound."""
+        static = summarize("static plan", run_iterations(static_inp, model, iterations))
+        if fixed_builder is None:
+            return static, []
+        fixed_inp = fixed_builder.build()
+        return static, [
+            summarize("static plan, weight gradients free", run_iterations(without_weight_gradients(static_inp), model, iterations)),
+            summarize("fixed-template pairs", run_iterations(fixed_inp, model, iterations)),
+            summarize("fixed-template pairs, weight gradients free",
+                      run_iterations(without_weight_gradients(fixed_inp), model, iterations)),
+        ]
 
     static_wait = (
-        beside(static_summary)
+        beside(static_side)
         if second_process and _task_steps(static_inp, iterations) >= _FORK_ABOVE_TASK_STEPS and _other_core()
         else None
     )
@@ -292,7 +357,13 @@ def plan_capacity(
     dbo_inp = dbo_builder.build()
     settings = dbo_builder.dbo_settings(dbo_inp)
     dynamic = run_iterations(dbo_inp, model, iterations, settings, record_first=record)
-    static = static_wait() if static_wait is not None else static_summary()
+    fixed_dbo = None
+    if attribution:
+        fixed_dbo_builder = SimulationBuilder(view, BuildOptions(dp=dp, method="fixed-template", dbo=True))
+        fixed_dbo_inp = fixed_dbo_builder.build()
+        fixed_dbo = summarize("fixed-template pairs + DBO", run_iterations(
+            fixed_dbo_inp, model, iterations, fixed_dbo_builder.dbo_settings(fixed_dbo_inp)))
+    static, others = static_wait() if static_wait is not None else static_side()
     moe = model.moe_layers
     mean = (sum(float(model.imbalance(i)[moe].mean()) for i in range(iterations)) / iterations) if moe else 1.0
     p = static_builder.parallel
@@ -304,4 +375,7 @@ def plan_capacity(
     )
     report = CapacityReport(title, static_builder.hw.name, routing.describe(), mean, static,
                             summarize("static plan + DBO", dynamic))
+    if fixed_dbo is not None:
+        bound, fixed, fixed_bound = others
+        report.attribution = DboAttribution(bound=bound, fixed=fixed, fixed_dbo=fixed_dbo, fixed_bound=fixed_bound)
     return PlanCapacity(report, dynamic[0])

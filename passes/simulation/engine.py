@@ -29,6 +29,10 @@ Model (the input is a :class:`~passes.simulation.program.SimulationInput`):
   its pool holds work: with nothing to place there is no decision); at the end of every step the
   tasks whose deadline has come run on the compute stream. Deadlines: the step of the chunk's
   last backward, so every deferred weight gradient is done before its reduction starts.
+  Admission (``DboSettings.admission``, on by default) is the policy's deadline-aware one, over
+  the rank's forecast slots (:func:`slot_forecast`): every annotated slot with its ``base_us``
+  (what the runtime's SLOT instructions carry), and the predicted receive wait before every
+  step and idle tail after the last one (which only the simulator's model of the runtime has).
 
 Accounting: for every rank and lane (compute, a2a, send_next, send_prev, grad_reduce) busy time
 and idle time are summed independently (idle = every gap between busy intervals, from 0 to the
@@ -37,13 +41,14 @@ iteration's end), so ``busy + idle == iteration time`` is a check, not a definit
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from passes.costs.native import load_extension
 from passes.simulation.program import BWD, COMM, COMPUTE, FWD, Action, Program, SimulationInput, SimulationInputError
-from runtime.dbo import DboCounters, DboPolicy, MovableTask, SlotSpec
+from runtime.dbo import DboCounters, DboPolicy, MovableTask, SlotForecast, SlotSpec
 
 # TESSERA_ACTION_EXTENSION names another build of the action loop (the sanitizer build `make test`
 # runs the simulator's tests against); normally the package's own.
@@ -181,10 +186,13 @@ class SimulationResult:
 @dataclass(frozen=True)
 class DboSettings:
     """How the simulator drives the DBO policy: the pool's memory budget (one for every rank, or one
-    per rank) and the shortest slot worth filling."""
+    per rank), the shortest slot worth filling, and whether a task is admitted only when the slots
+    forecast before its deadline can take it (``admission``; off: by memory alone, the policy
+    before deadline-aware admission, kept to measure what admission earns)."""
 
     memory_budget_bytes: int | tuple[int, ...]
     min_slot_us: float = 0.0
+    admission: bool = True
 
     def budget(self, rank: int) -> int:
         b = self.memory_budget_bytes
@@ -230,6 +238,36 @@ class _Compiled:
             [row[4] for row in rows], [row[5] for row in rows], [row[6] for row in rows], [row[7] for row in rows],
             [row[9] is not None for row in rows], len(self.routed_layers),
         )
+
+
+# Forecasts by input (while it lives), rank and shortest slot: a capacity report simulates one input
+# for many iterations, and a forecast depends on nothing else.
+_FORECASTS: dict[int, dict[tuple[int, float], SlotForecast]] = {}
+
+
+def slot_forecast(inp: SimulationInput, rank: int, min_slot_us: float = 0.0) -> SlotForecast:
+    """The slots rank ``rank``'s program offers the DBO, as its admission test sees them: every
+    annotated slot of step ``k``'s program at position ``k`` with its balanced-routing wait
+    ``base_us``, and (when the input predicts them) the receive wait before step ``k`` at
+    ``k - 1/2``, where the fallbacks due at step ``k - 1`` run (``runtime.dbo``, "Admission"),
+    and after the last step the predicted idle to the iteration's end."""
+    known = _FORECASTS.get(id(inp))
+    if known is None:
+        known = _FORECASTS[id(inp)] = {}
+        weakref.finalize(inp, _FORECASTS.pop, id(inp), None)
+    cached = known.get((rank, min_slot_us))
+    if cached is not None:
+        return cached
+    slots: list[tuple[float, float]] = []
+    recv = inp.recv_predicted_us[rank] if inp.recv_predicted_us else None
+    for k, action in enumerate(inp.ranks[rank]):
+        if recv is not None:
+            slots.append((k - 0.5, recv[k]))
+        slots.extend((k, s.base_us) for s in action.program.slots)
+    if inp.tail_predicted_us:
+        slots.append((len(inp.ranks[rank]) - 0.5, inp.tail_predicted_us[rank]))
+    forecast = known[(rank, min_slot_us)] = SlotForecast(slots, min_slot_us)
+    return forecast
 
 
 def _overlap_sweep(comm: list[tuple[float, float, int]], compute: list[tuple[float, float]]) -> list[float]:
@@ -333,7 +371,9 @@ def simulate(
     if dbo is not None:
         for r in range(pp):
             policies[r] = (
-                policy_factory(r) if policy_factory is not None else DboPolicy(dbo.budget(r), dbo.min_slot_us)
+                policy_factory(r) if policy_factory is not None
+                else DboPolicy(dbo.budget(r), dbo.min_slot_us,
+                               slot_forecast(inp, r, dbo.min_slot_us) if dbo.admission else None)
             )
             ranks[r].dbo = policies[r].counters  # type: ignore[union-attr]
     comm = {kind: CommStats() for kind in COMM_KINDS}

@@ -138,6 +138,8 @@ class SimulationInput:
     peak_flops_per_rank: float = 0.0  # peak dense throughput of one device
     tokens_per_iteration: int = 0  # tokens one pipeline trains on per iteration
     recv_predicted_us: tuple[tuple[float, ...], ...] = ()  # [rank][step]: predicted wait before the step
+    # [rank]: predicted idle after the rank's last step and its last gradient reduction, to the iteration's end
+    tail_predicted_us: tuple[float, ...] = ()
     labels: dict[str, str] = field(default_factory=dict)  # free-form description for reports
 
     def __post_init__(self) -> None:
@@ -168,6 +170,8 @@ class SimulationInput:
             raise SimulationInputError("grad_reduce_us needs one entry per rank and chunk")
         if self.recv_predicted_us and len(self.recv_predicted_us) != self.pp:
             raise SimulationInputError("recv_predicted_us needs one list per rank")
+        if self.tail_predicted_us and len(self.tail_predicted_us) != self.pp:
+            raise SimulationInputError("tail_predicted_us needs one value per rank")
 
     @property
     def stages(self) -> int:

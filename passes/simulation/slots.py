@@ -18,13 +18,27 @@ movable task, latest first, whose removal (with the ones already chosen) shorten
 timeline. Weight gradients placed in gaps the schedule could not otherwise fill stay where
 they are: moving them would only move idle time. The DBO takes the pool's tasks out of the
 step and runs them in a later slot, or as a fallback by their deadline.
+
+*The pool's budget.* The memory the pool may keep alive on a rank is what the rank's static
+peak leaves free on the device, less a margin (:data:`POOL_MARGIN`, 5% of device memory: the
+allocator's fragmentation and the communication libraries' buffers, which the memory model does
+not count) — not a fixed share, which starves the pool on a stage with room to spare and says
+nothing about a full one. A share of device memory may still be given (capped by the headroom).
+
+*The bound.* :func:`without_weight_gradients` is the same input with every weight gradient at
+zero cost: no placement of deferred weight gradients can beat it, so the DBO's gain is reported
+beside it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from passes.simulation.program import COMM, COMPUTE, Program, SimTask, SlotAnnotation
+from passes.simulation.program import COMM, COMPUTE, Program, SimTask, SimulationInput, SlotAnnotation
+
+# Share of device memory the pool's budget leaves free beside the static peak (see the docstring).
+POOL_MARGIN = 0.05
 
 
 @dataclass(frozen=True)
@@ -117,3 +131,35 @@ def annotate(program: Program) -> Program:
     pool = critical_movable(program.tasks, movable)
     tasks = tuple(replace(t, deferrable=i in pool) for i, t in enumerate(program.tasks))
     return Program(program.name, tasks, program.routed_layers, tuple(find_slots(program.name, tasks)))
+
+
+def pool_budgets(
+    peak_bytes: Sequence[int], capacity_bytes: int, share: float | None = None, margin: float = POOL_MARGIN
+) -> tuple[int, ...]:
+    """Per rank, the bytes the DBO pool may hold, from each rank's static peak (see the docstring).
+
+    ``share`` None: the headroom, ``capacity - peak - margin * capacity`` (0 when negative).
+    Else ``share`` of device memory, within what the static plan leaves free (the user's override).
+    """
+    if share is None:
+        reserve = int(margin * capacity_bytes)
+        return tuple(max(0, capacity_bytes - peak - reserve) for peak in peak_bytes)
+    return tuple(max(0, min(int(share * capacity_bytes), capacity_bytes - peak)) for peak in peak_bytes)
+
+
+def without_weight_gradients(inp: SimulationInput) -> SimulationInput:
+    """``inp`` with every weight gradient at zero cost and nothing deferrable: the DBO's bound."""
+    programs: dict[int, Program] = {}
+
+    def zeroed(program: Program) -> Program:
+        out = programs.get(id(program))
+        if out is None:
+            tasks = tuple(
+                replace(t, duration_us=0.0, fixed_us=0.0, deferrable=False) if t.kind == "wgrad" else replace(t, deferrable=False)
+                for t in program.tasks
+            )
+            out = programs[id(program)] = Program(program.name, tasks, program.routed_layers)
+        return out
+
+    ranks = tuple(tuple(replace(a, program=zeroed(a.program)) for a in actions) for actions in inp.ranks)
+    return replace(inp, ranks=ranks, recv_predicted_us=())

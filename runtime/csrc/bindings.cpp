@@ -236,11 +236,12 @@ PYBIND11_MODULE(_core, m) {
   py::class_<FSM> fsm_class(m, "FSM");
   fsm_class
       .def(py::init([](std::shared_ptr<Program> program, bool dbo, std::optional<uint64_t> memory_budget_bytes,
-                       double min_slot_us, uint32_t max_registered) {
-             return std::make_unique<FSM>(std::move(program), dbo, memory_budget_bytes, min_slot_us, max_registered);
+                       double min_slot_us, uint32_t max_registered, bool admission) {
+             return std::make_unique<FSM>(std::move(program), dbo, memory_budget_bytes, min_slot_us, max_registered,
+                                          admission);
            }),
            py::arg("program"), py::kw_only(), py::arg("dbo") = true, py::arg("memory_budget_bytes") = py::none(),
-           py::arg("min_slot_us") = 0.0, py::arg("max_registered") = 4096)
+           py::arg("min_slot_us") = 0.0, py::arg("max_registered") = 4096, py::arg("admission") = true)
       .def("report_tokens", &FSM::report_tokens, py::arg("task"), py::arg("mb"), py::arg("expert_tokens"))
       .def("register_task", &FSM::register_task, py::arg("task"), py::arg("mb"), py::arg("deadline"),
            py::arg("memory_bytes") = py::none())
@@ -252,6 +253,7 @@ PYBIND11_MODULE(_core, m) {
         d["offered"] = c.offered;
         d["deferred"] = c.deferred;
         d["refused_memory"] = c.refused_memory;
+        d["refused_deadline"] = c.refused_deadline;
         d["placed"] = c.placed;
         d["fallbacks"] = c.fallbacks;
         d["slots"] = c.slots;

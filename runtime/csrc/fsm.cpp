@@ -59,10 +59,11 @@ double load_imbalance(const std::vector<int64_t>& expert_tokens, uint32_t ep) {
 }
 
 FSM::FSM(std::shared_ptr<const Program> program, bool dbo, std::optional<uint64_t> memory_budget_bytes,
-         double min_slot_us, uint32_t max_registered)
+         double min_slot_us, uint32_t max_registered, bool admission)
     : program_(std::move(program)),
       code_(program_->code),
       dbo_(dbo),
+      admission_(admission),
       budget_(memory_budget_bytes.value_or(program_->plan.memory_budget_bytes)),
       min_slot_us_(min_slot_us),
       end_(code_.size() - 1),
@@ -76,13 +77,60 @@ FSM::FSM(std::shared_ptr<const Program> program, bool dbo, std::optional<uint64_
     state_[i].store(kNew, std::memory_order_relaxed);
     done_ns_[i].store(0, std::memory_order_relaxed);
   }
+  std::vector<double> sizes;
+  slot_cum_.push_back(0.0);
   for (size_t i = 0; i < code_.size(); ++i) {
     predicted_bits_[i].store(kUnreported, std::memory_order_relaxed);
     if (code_[i].op == Op::Slot) {
       slot_of_[(uint64_t(code_[code_[i].b].a) << 32) | code_[i].mb] = uint32_t(i);
       timed_[code_[i].b] = 1;
+      double base = program_->slots[code_[i].a].base_us;
+      slot_steps_.push_back(int64_t(i));
+      sizes.push_back(base >= min_slot_us_ && base > 0 ? base : 0.0);
+      slot_cum_.push_back(slot_cum_.back() + sizes.back());
     }
   }
+  slot_max_.push_back(std::move(sizes));
+  for (size_t width = 1; 2 * width <= slot_max_[0].size(); width *= 2) {
+    const std::vector<double>& previous = slot_max_.back();
+    std::vector<double> next(previous.size() - width);
+    for (size_t j = 0; j < next.size(); ++j) next[j] = std::max(previous[j], previous[j + width]);
+    slot_max_.push_back(std::move(next));
+  }
+}
+
+size_t FSM::slots_through(int64_t step) const {
+  return size_t(std::upper_bound(slot_steps_.begin(), slot_steps_.end(), step) - slot_steps_.begin());
+}
+
+bool FSM::admissible(const Pooled& entry, int64_t step) const {
+  if (entry.deadline_step == step) return true;  // due at its own step: it moves past nothing
+  const size_t lo = slots_through(step), hi = slots_through(entry.deadline_step);
+  double largest = 0.0;
+  if (hi > lo) {
+    size_t level = 0;
+    while ((size_t(2) << level) <= hi - lo) ++level;
+    largest = std::max(slot_max_[level][lo], slot_max_[level][hi - (size_t(1) << level)]);
+  }
+  if (largest + kFitEpsUs < entry.duration_us) return false;
+  // Earliest deadline first over the pooled tasks still waiting after this step, the offered one
+  // in its (deadline step, id) place: each partial sum must fit the SLOTs up to its deadline.
+  const double base = slot_cum_[lo];
+  double demand = 0.0;
+  bool counted = false;
+  auto fits = [&](const Pooled& e) {
+    demand += e.duration_us;
+    return e.deadline_step < entry.deadline_step ||
+           demand <= slot_cum_[slots_through(e.deadline_step)] - base + kFitEpsUs;
+  };
+  for (auto it = by_deadline_.upper_bound({step, std::numeric_limits<int64_t>::max()}); it != by_deadline_.end(); ++it) {
+    if (!counted && std::make_pair(entry.deadline_step, entry.id) < *it) {
+      counted = true;
+      if (!fits(entry)) return false;
+    }
+    if (!fits(pool_.at(it->second))) return false;
+  }
+  return counted || fits(entry);
 }
 
 void FSM::complete(int64_t id) {
@@ -134,6 +182,12 @@ void FSM::offer(int64_t id, uint32_t task, uint32_t mb, uint32_t deadline, uint6
   // Compared without overflow: pool_bytes_ never exceeds budget_.
   if (memory_bytes > budget_ - pool_bytes_) {
     ++counters_.refused_memory;
+    ready_.push_back({entry, false, false});
+    return;
+  }
+  // A DEFER offers at its own instruction, a registered task at the current one.
+  if (admission_ && !admissible(entry, id < int64_t(code_.size()) ? id : int64_t(pc_))) {
+    ++counters_.refused_deadline;
     ready_.push_back({entry, false, false});
     return;
   }

@@ -44,8 +44,8 @@ struct Action {
 
 // runtime/reference.py's COUNTER_NAMES, in the same order.
 struct Counters {
-  uint64_t tasks_run = 0, offered = 0, deferred = 0, refused_memory = 0, placed = 0, fallbacks = 0, slots = 0,
-           slots_filled = 0;
+  uint64_t tasks_run = 0, offered = 0, deferred = 0, refused_memory = 0, refused_deadline = 0, placed = 0,
+           fallbacks = 0, slots = 0, slots_filled = 0;
   double predicted_us = 0, observed_us = 0, abs_error_us = 0, placed_us = 0, recovered_us = 0, overrun_us = 0,
          fallback_us = 0;
   uint64_t peak_pool_bytes = 0;
@@ -56,8 +56,10 @@ double load_imbalance(const std::vector<int64_t>& expert_tokens, uint32_t ep);
 
 class FSM {
  public:
+  // admission: the DBO's deadline-aware admission (runtime/dbo.py, "Admission"); off, the pool
+  // takes whatever the memory budget allows (the policy before it, kept for comparison).
   FSM(std::shared_ptr<const Program> program, bool dbo, std::optional<uint64_t> memory_budget_bytes, double min_slot_us,
-      uint32_t max_registered);
+      uint32_t max_registered, bool admission = true);
 
   // Training thread.
   Action advance();
@@ -91,6 +93,8 @@ class FSM {
   Action issue(ActionKind kind, const Instr& ins);
   Action issue_ready();
   void offer(int64_t id, uint32_t task, uint32_t mb, uint32_t deadline, uint64_t memory_bytes);
+  bool admissible(const Pooled& entry, int64_t step) const;
+  size_t slots_through(int64_t step) const;
   void take(const Pooled& entry);
   void due();
   void slot(const Instr& ins);
@@ -99,6 +103,7 @@ class FSM {
   std::shared_ptr<const Program> program_;
   const std::vector<Instr>& code_;
   bool dbo_;
+  bool admission_;
   uint64_t budget_;
   double min_slot_us_;
   size_t end_;
@@ -109,6 +114,12 @@ class FSM {
   std::unique_ptr<std::atomic<uint64_t>[]> predicted_bits_;  // per instruction; NaN until reported
   std::vector<uint8_t> timed_;  // per instruction: an All-to-All a SLOT watches (complete() reads the clock)
   std::unordered_map<uint64_t, uint32_t> slot_of_;             // (task << 32 | mb) -> SLOT instruction
+  // The admission's forecast (runtime/dbo.py, "Admission"): each SLOT's instruction index, its
+  // balanced-routing size (0 below min_slot_us), prefix sums of the sizes (slot_cum_[j]: the
+  // first j SLOTs) and a sparse table of maxima (slot_max_[k][j]: the largest of 2^k from j).
+  std::vector<int64_t> slot_steps_;
+  std::vector<double> slot_cum_;
+  std::vector<std::vector<double>> slot_max_;
 
   uint32_t pc_ = 0;
   // The pool, indexed two ways: by (deadline step, id) for fallbacks and by

@@ -9,6 +9,7 @@ from passes.plan_view import PlanView
 from passes.simulation.build import BuildOptions, SimulationBuilder
 from passes.simulation.engine import simulate
 from tessera_ir import parse_module, print_module, verify
+from tessera_ir.errors import TesseraError
 from tessera_ir.kinds import Resource
 from tessera_ir.model import SymbolRef
 
@@ -33,9 +34,27 @@ def test_ops_name_compute_waits_tail_weight_gradients_and_every_device() -> None
         assert all(tasks[e.ref].movable and e.attrs["deadline_rule"] == "grad_reduce" for e in op.entries)
     assert sorted(op.attrs["device"] for op in devices) == [0, 1]  # type: ignore[type-var]
     inp = SimulationBuilder(PlanView(module)).build()
+    static = simulate(inp)
+    capacity = 80 * 2**30
     for op in devices:
-        assert len(op.attrs["predicted_us"]) == len(inp.ranks[op.attrs["device"]])  # type: ignore[arg-type, index]
-        assert op.attrs["memory_budget_bytes"] == int(0.03 * 80 * 2**30)
+        device = op.attrs["device"]
+        assert len(op.attrs["predicted_us"]) == len(inp.ranks[device])  # type: ignore[arg-type, index]
+        # The default budget is the headroom: device memory less the static peak less the 5% margin.
+        headroom = capacity - static.ranks[device].peak_bytes - int(0.05 * capacity)  # type: ignore[index]
+        assert op.attrs["memory_budget_bytes"] == max(0, headroom) > int(0.03 * capacity)
+
+
+def test_a_share_of_device_memory_overrides_the_headroom_and_the_margin_moves_it() -> None:
+    def budgets(options: str) -> list[int]:
+        module = planned()
+        PassManager(parse_pipeline(f"dbo-slots{{{options}}}")).run(module)
+        ops = sorted((op for op in module.plan_ops("dbo_slot") if op.attrs["kind"] == "recv_wait"), key=lambda op: op.attrs["device"])  # type: ignore[arg-type, return-value]
+        return [int(op.attrs["memory_budget_bytes"]) for op in ops]  # type: ignore[arg-type]
+
+    capacity = 80 * 2**30
+    assert budgets("memory-budget=0.03") == [int(0.03 * capacity)] * 2
+    wide, narrow = budgets("memory-margin=0.05"), budgets("memory-margin=0.1")
+    assert [w - n for w, n in zip(wide, narrow)] == [int(0.1 * capacity) - int(0.05 * capacity)] * 2
 
 
 def test_ops_round_trip_through_text() -> None:
@@ -56,6 +75,14 @@ def test_the_simulator_reads_what_the_pass_wrote() -> None:
     assert (ra.dbo.offered, ra.dbo.placed, ra.dbo.fallbacks) == (rb.dbo.offered, rb.dbo.placed, rb.dbo.fallbacks)
 
 
+def test_the_verifier_refuses_a_negative_tail() -> None:
+    module = planned(dbo=True)
+    device = next(op for op in module.plan_ops("dbo_slot") if op.attrs["kind"] == "recv_wait")
+    device.attrs["tail_us"] = -1.0
+    with pytest.raises(TesseraError, match="tail_us"):
+        verify(module)
+
+
 def test_refusals() -> None:
     module = planned(dbo=True)
     with pytest.raises(PassError, match="already holds dbo_slot"):
@@ -66,3 +93,5 @@ def test_refusals() -> None:
         PassManager(parse_pipeline("dbo-slots")).run(bare)
     with pytest.raises(PassError, match="memory-budget"):
         PassManager(parse_pipeline("dbo-slots{memory-budget=2}")).run(planned())
+    with pytest.raises(PassError, match="memory-margin"):
+        PassManager(parse_pipeline("dbo-slots{memory-margin=1.5}")).run(planned())

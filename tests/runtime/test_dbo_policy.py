@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import runtime.dbo as dbo_module
-from runtime.dbo import DboError, DboPolicy, MovableTask, SlotSpec, load_imbalance
+from runtime.dbo import DboError, DboPolicy, MovableTask, SlotForecast, SlotSpec, load_imbalance
 
 # ------------------------------------------------------------------ unit behaviour
 
@@ -55,6 +55,58 @@ def test_memory_budget_refuses_and_the_task_runs_in_place() -> None:
     assert policy.counters.refused_memory == 1 and policy.pool_bytes == 25
     policy.fill(1, 5.0)
     assert policy.offer(_task(3, 5.0, 3, mem=10), 1)
+
+
+def test_admission_refuses_a_task_longer_than_every_slot_before_its_deadline() -> None:
+    policy = DboPolicy(1000, forecast=SlotForecast([(2, 40.0), (5, 60.0)]))
+    assert not policy.offer(_task(0, 50.0, deadline=4), step=0)  # only the 40 us slot comes by step 4
+    assert policy.offer(_task(1, 50.0, deadline=5), step=0)  # the 60 us slot at step 5 takes it
+    assert policy.counters.refused_deadline == 1 and policy.counters.refused_memory == 0
+
+
+def test_admission_counts_the_pool_earliest_deadline_first() -> None:
+    policy = DboPolicy(1000, forecast=SlotForecast([(1, 30.0), (2, 30.0), (6, 100.0)]))
+    assert policy.offer(_task(0, 30.0, deadline=2), 0)
+    assert policy.offer(_task(1, 30.0, deadline=2), 0)  # 60 us due by step 2: both slots
+    assert not policy.offer(_task(2, 10.0, deadline=2), 0)  # 70 us would not fit them
+    assert policy.offer(_task(3, 10.0, deadline=6), 0)  # the later slot has room
+    # A task due later still counts the earlier-due ones ahead of it: 60 + 10 + 91 > 160 us.
+    assert not policy.offer(_task(4, 91.0, deadline=6), 0)
+    assert policy.offer(_task(5, 90.0, deadline=6), 0)  # 160 us: exactly the slots' room
+    assert policy.counters.refused_deadline == 2
+
+
+def test_admission_counts_slots_after_the_offer_and_the_wait_after_the_deadline_step() -> None:
+    # A slot at the offer's own step has passed; the wait before step 3 (at 2.5) is where a task
+    # due at step 2 falls back, so it counts for it.
+    forecast = SlotForecast([(1, 50.0), (2.5, 50.0)])
+    policy = DboPolicy(1000, forecast=forecast)
+    assert policy.offer(_task(0, 40.0, deadline=2), step=1)  # (1, 2.5] holds the 50 us wait
+    assert not policy.offer(_task(1, 40.0, deadline=2), step=1)  # 80 us would not fit it
+    assert not DboPolicy(1000, forecast=SlotForecast([(1, 50.0), (3.5, 50.0)])).offer(_task(2, 40.0, deadline=2), step=1)
+    assert forecast.capacity(0, 2.5) == 100.0 and forecast.largest(1, 2) == 0.0
+
+
+def test_admission_takes_a_task_due_at_its_own_step() -> None:
+    policy = DboPolicy(1000, forecast=SlotForecast([]))
+    assert policy.offer(_task(0, 40.0, deadline=3), step=3)  # it only moves to the end of step 3
+    assert not policy.offer(_task(1, 40.0, deadline=4), step=3)
+    assert [t.task_id for t in policy.due(3)] == [0]
+
+
+def test_below_the_minimum_a_forecast_slot_counts_for_nothing() -> None:
+    assert not DboPolicy(1000, forecast=SlotForecast([(1, 50.0)], min_slot_us=60.0)).offer(_task(0, 10.0, 1), 0)
+    assert DboPolicy(1000, forecast=SlotForecast([(1, 50.0)], min_slot_us=40.0)).offer(_task(0, 10.0, 1), 0)
+
+
+def test_the_forecast_sums_and_maxima_match_a_plain_scan() -> None:
+    sizes = [(k // 3, float((k * 37) % 11)) for k in range(40)]
+    forecast = SlotForecast(sizes)
+    for lo in range(-1, 14):
+        for hi in range(lo, 15):
+            inside = [size for step, size in sizes if lo < step <= hi]
+            assert forecast.largest(lo, hi) == max(inside, default=0.0)
+            assert forecast.capacity(lo, hi) == pytest.approx(sum(inside))
 
 
 def test_deadlines_force_fallbacks_in_id_order() -> None:

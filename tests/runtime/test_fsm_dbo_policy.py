@@ -27,7 +27,10 @@ dbo = pytest.importorskip("runtime.dbo", reason="the DBO policy module is not in
 class PolicyFSM(ReferenceFSM):
     def __init__(self, program: reference.Program, **options: object) -> None:
         super().__init__(program, **options)  # type: ignore[arg-type]
-        self.policy = dbo.DboPolicy(self.budget, self.min_slot_us)
+        # The admission's forecast: every SLOT at its instruction index, with its balanced-routing size.
+        slots = [(i, self.slots[ins.a].base_us) for i, ins in enumerate(self.code) if ins.op == reference.Op.SLOT]
+        forecast = dbo.SlotForecast(slots, self.min_slot_us) if self.admission else None
+        self.policy = dbo.DboPolicy(self.budget, self.min_slot_us, forecast)
         self.entries: dict[int, _Pooled] = {}
         self.imbalance: dict[int, float] = {}
 
@@ -69,7 +72,7 @@ class PolicyFSM(ReferenceFSM):
         c = self.policy.counters
         return {
             "tasks_run": self.c["tasks_run"], "offered": c.offered, "deferred": c.deferred,
-            "refused_memory": c.refused_memory, "placed": c.placed, "fallbacks": c.fallbacks, "slots": c.slots,
+            "refused_memory": c.refused_memory, "refused_deadline": c.refused_deadline, "placed": c.placed, "fallbacks": c.fallbacks, "slots": c.slots,
             "slots_filled": c.slots_filled, "predicted_us": c.predicted_us, "placed_us": c.placed_us,
             "fallback_us": c.fallback_us, "peak_pool_bytes": c.peak_pool_bytes,
         }
@@ -81,13 +84,16 @@ class PolicyFSM(ReferenceFSM):
     drive_seed=st.integers(0, 10_000),
     budget=st.sampled_from([None, 0, 1 << 20, 1 << 26]),
     min_slot_us=st.sampled_from([0.0, 10.0, 60.0]),
+    admission=st.booleans(),
 )
-def test_cpp_fsm_takes_the_dbo_policys_decisions(plan_seed: int, drive_seed: int, budget: int | None, min_slot_us: float) -> None:
+def test_cpp_fsm_takes_the_dbo_policys_decisions(
+    plan_seed: int, drive_seed: int, budget: int | None, min_slot_us: float, admission: bool
+) -> None:
     data = generate_bytes(plan_seed, dbo=True)
     rank = drive_seed % runtime.bytecode.decode(data).plan.pp
     native = runtime.load_plan(data, rank=rank)
     ref = reference.load_plan(data, rank=rank)
-    options: dict[str, Any] = {"memory_budget_bytes": budget, "min_slot_us": min_slot_us}
+    options: dict[str, Any] = {"memory_budget_bytes": budget, "min_slot_us": min_slot_us, "admission": admission}
     a, ca = drive(runtime.FSM(native, **options), native, drive_seed)
     b, cb = drive(PolicyFSM(ref, **options), ref, drive_seed)
     assert a == b

@@ -41,14 +41,17 @@ def run_both(data: bytes, rank: int, seed: int, **options: Any) -> tuple[list, d
     dbo=st.booleans(),
     budget=st.sampled_from([None, 0, 1 << 20, 1 << 26]),
     min_slot_us=st.sampled_from([0.0, 10.0, 60.0]),
+    admission=st.booleans(),
 )
 def test_cpp_and_python_interpreters_agree(
-    plan_seed: int, drive_seed: int, dbo: bool, budget: int | None, min_slot_us: float
+    plan_seed: int, drive_seed: int, dbo: bool, budget: int | None, min_slot_us: float, admission: bool
 ) -> None:
     data = generate_bytes(plan_seed)
     image = runtime.bytecode.decode(data)
     rank = drive_seed % image.plan.pp
-    actions, counters = run_both(data, rank, drive_seed, dbo=dbo, memory_budget_bytes=budget, min_slot_us=min_slot_us)
+    actions, counters = run_both(
+        data, rank, drive_seed, dbo=dbo, memory_budget_bytes=budget, min_slot_us=min_slot_us, admission=admission
+    )
     assert actions[-1][0] == runtime.ActionKind.DONE
     if not dbo:
         assert counters["offered"] == counters["placed"] == counters["slots"] == 0
@@ -59,9 +62,9 @@ def test_a_long_trace_agrees_and_exercises_every_dbo_path() -> None:
     for seed in range(40):
         data = generate_bytes(seed, max_pp=2, max_mb=4)
         for rank in range(runtime.bytecode.decode(data).plan.pp):
-            _, counters = run_both(data, rank, seed)
+            _, counters = run_both(data, rank, seed, admission=seed % 4 != 0)
             for k, v in counters.items():
                 totals[k] = totals.get(k, 0) + v
     # The generated traces reach every path the counters name, so the agreement above covers them.
-    for key in ("deferred", "placed", "fallbacks", "refused_memory", "slots", "slots_filled"):
+    for key in ("deferred", "placed", "fallbacks", "refused_memory", "refused_deadline", "slots", "slots_filled"):
         assert totals[key] > 0, key

@@ -75,8 +75,13 @@ def kinds(actions: list) -> list[tuple[int, int]]:
     return [(int(a.kind), a.id) for a in actions]
 
 
+# The cases up to the admission's own test the pool's mechanics (best fit, predictions, budget,
+# fallbacks) with ``admission=False``: the deadline-aware admission would refuse their deferrals
+# that no slot can take, which is the point of it and is tested on its own below.
+
+
 def test_slot_is_filled_best_fit_from_the_static_prediction(make) -> None:  # noqa: ANN001
-    fsm = make(program(SLOT_CODE, slots=SLOTS))
+    fsm = make(program(SLOT_CODE, slots=SLOTS), admission=False)
     router = fsm.advance()
     assert (router.kind, router.task) == (ActionKind.RUN, 0)
     dispatch = fsm.advance()
@@ -105,7 +110,7 @@ def test_slot_is_filled_best_fit_from_the_static_prediction(make) -> None:  # no
 def test_token_counts_change_the_prediction(make) -> None:  # noqa: ANN001
     # Four experts on two EP ranks: rank 0 gets 60 + 40 tokens, rank 1 gets 0: imbalance 2.0,
     # so 45 + (30 + 15) * (2 - 1) = 90 us, and all three tasks fit (50 + 30 + 10).
-    fsm = make(program(SLOT_CODE, slots=SLOTS))
+    fsm = make(program(SLOT_CODE, slots=SLOTS), admission=False)
     assert fsm.report_tokens(1, 0, [60, 40, 0, 0]) is True
     assert fsm.report_tokens(1, 1, [60, 40, 0, 0]) is False  # no slot waits on micro-batch 1's dispatch
     fsm.advance(), fsm.advance()
@@ -123,14 +128,14 @@ def test_load_imbalance_matches_the_reference() -> None:
 
 
 def test_a_slot_below_the_minimum_is_left_empty(make) -> None:  # noqa: ANN001
-    fsm = make(program(SLOT_CODE, slots=SLOTS), min_slot_us=50.0)
+    fsm = make(program(SLOT_CODE, slots=SLOTS), min_slot_us=50.0, admission=False)
     fsm.advance(), fsm.advance()
     assert fsm.advance().kind == ActionKind.WAIT
     assert (fsm.counters["slots"], fsm.counters["slots_filled"], fsm.counters["placed"]) == (1, 0, 0)
 
 
 def test_no_fill_when_the_all_to_all_already_finished(make) -> None:  # noqa: ANN001
-    fsm = make(program(SLOT_CODE, slots=SLOTS))
+    fsm = make(program(SLOT_CODE, slots=SLOTS), admission=False)
     fsm.advance()
     fsm.complete(fsm.advance().id)  # the dispatch is done before the slot is reached
     assert fsm.advance().kind == ActionKind.RUN  # no wait, so no slot: straight on
@@ -138,11 +143,54 @@ def test_no_fill_when_the_all_to_all_already_finished(make) -> None:  # noqa: AN
 
 
 def test_memory_budget_runs_a_task_at_once_instead_of_deferring(make) -> None:  # noqa: ANN001
-    fsm = make(program(SLOT_CODE, budget=150, slots=SLOTS))
+    fsm = make(program(SLOT_CODE, budget=150, slots=SLOTS), admission=False)
     inline = fsm.advance()  # the second DEFER would hold 200 bytes > 150
     assert (inline.kind, inline.id, inline.task, inline.filled, inline.fallback) == (ActionKind.RUN, 1, 4, False, False)
     c = fsm.counters
     assert (c["offered"], c["deferred"], c["refused_memory"]) == (2, 1, 1)
+
+
+def test_admission_runs_in_place_a_task_longer_than_every_slot_before_its_deadline(make) -> None:  # noqa: ANN001
+    fsm = make(program(SLOT_CODE, slots=SLOTS))
+    # The 50 us task: the only slot before its deadline is 45 us, so it runs at once, in place.
+    inline = fsm.advance()
+    assert (inline.id, inline.task, inline.filled, inline.fallback) == (0, 3, False, False)
+    router, dispatch = fsm.advance(), fsm.advance()
+    assert (router.task, dispatch.kind) == (0, ActionKind.COLLECTIVE)
+    first, second = fsm.advance(), fsm.advance()
+    assert (first.task, first.filled, second.task, second.filled) == (5, True, 4, True)
+    c = fsm.counters
+    assert (c["offered"], c["deferred"], c["refused_deadline"], c["refused_memory"]) == (3, 2, 1, 0)
+
+
+def test_admission_counts_the_pool_already_waiting_for_the_slots(make) -> None:  # noqa: ANN001
+    # Two 30 us tasks for one 45 us slot: the first is admitted, the second would not fit beside it.
+    code = [Instr(Op.DEFER, C, a=5, b=7), Instr(Op.DEFER, C, a=5, b=7, mb=1), Instr(Op.RUN, C, a=0, mb=1), *SLOT_CODE[3:]]
+    fsm = make(program(code, slots=SLOTS))
+    inline = fsm.advance()
+    assert (inline.id, inline.task, inline.mb, inline.filled) == (1, 5, 1, False)
+    assert fsm.counters["deferred"] == 1 and fsm.counters["refused_deadline"] == 1
+
+
+def test_admission_refuses_registered_work_with_no_slot_before_its_deadline(make) -> None:  # noqa: ANN001
+    code = [Instr(Op.RUN, C, a=0), Instr(Op.RUN, C, a=2), Instr(Op.RUN, C, a=0, mb=1), Instr(Op.END)]
+    fsm = make(program(code))
+    fsm.advance()
+    reg = fsm.register_task(4, 1, deadline=3)  # no SLOT before instruction 3
+    now = fsm.advance()
+    assert (now.id, now.filled, now.fallback) == (reg, False, False)
+    assert fsm.counters["refused_deadline"] == 1 and fsm.counters["deferred"] == 0
+
+
+def test_admission_takes_work_due_at_the_next_instruction(make) -> None:  # noqa: ANN001
+    # Due by instruction 2, offered at instruction 1: deferred past that one instruction only.
+    code = [Instr(Op.RUN, C, a=0), Instr(Op.RUN, C, a=2), Instr(Op.END)]
+    fsm = make(program(code))
+    fsm.advance()
+    reg = fsm.register_task(4, 1, deadline=2)
+    current, due = fsm.advance(), fsm.advance()
+    assert (current.id, due.id, due.fallback) == (1, reg, True)
+    assert fsm.counters["deferred"] == 1 and fsm.counters["refused_deadline"] == 0
 
 
 def test_without_dbo_every_deferred_task_runs_in_place_and_slots_are_skipped(make) -> None:  # noqa: ANN001
@@ -159,7 +207,7 @@ def test_without_dbo_every_deferred_task_runs_in_place_and_slots_are_skipped(mak
 
 def test_fallbacks_due_together_run_in_id_order(make) -> None:  # noqa: ANN001
     code = [defer(3, 3), defer(4, 2), Instr(Op.RUN, C, a=0), Instr(Op.RUN, C, a=2), Instr(Op.END)]
-    fsm = make(program(code))
+    fsm = make(program(code), admission=False)
     assert [(a.id, a.fallback) for a in (fsm.advance(), fsm.advance())] == [(1, True), (2, False)]
     assert [(a.id, a.fallback) for a in (fsm.advance(), fsm.advance())] == [(0, True), (3, False)]
 
@@ -174,7 +222,7 @@ def test_a_wait_on_a_deferred_task_before_its_deadline_is_refused_at_load() -> N
 
 def test_registered_work_runs_once_by_its_deadline(make) -> None:  # noqa: ANN001
     code = [Instr(Op.RUN, C, a=0), Instr(Op.RUN, C, a=2), Instr(Op.RUN, C, a=0, mb=1), Instr(Op.END)]
-    fsm = make(program(code))
+    fsm = make(program(code), admission=False)
     first = fsm.advance()
     reg = fsm.register_task(4, 1, deadline=2)
     assert reg == len(code)  # registered work gets ids after the program's

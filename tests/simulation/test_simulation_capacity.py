@@ -82,3 +82,29 @@ def _plan_report(monkeypatch: pytest.MonkeyPatch, forked: bool) -> str:
 
 def test_the_static_run_in_a_second_process_reports_the_same_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _plan_report(monkeypatch, forked=True) == _plan_report(monkeypatch, forked=False)
+
+
+def test_the_dbo_gain_is_reported_beside_its_bound_and_over_fixed_template_pairs() -> None:
+    from passes.plan_view import PlanView
+    from passes.simulation import capacity
+
+    from planned_modules import planned
+
+    result = capacity.plan_capacity(PlanView(planned(dbo=True)), RoutingSpec("zipf", zipf_s=0.8, seed=3), iterations=2)
+    report = result.report
+    a = report.attribution
+    assert a is not None and report.dynamic is not None
+    # Free weight gradients bound any placement of them, on either pairing.
+    assert a.bound.iteration_us < report.static.iteration_us
+    assert a.fixed_bound.iteration_us < a.fixed.iteration_us
+    # The fixed-template pairs are the same partition's layers, scheduled the other way.
+    assert a.fixed.iteration_us != report.static.iteration_us
+    assert a.fixed_dbo.dbo is not None and a.fixed_dbo.dbo.offered > 0
+    figures = report.as_dict()["dbo_attribution"]
+    assert figures["gap_fit"]["bound_reduction"] == pytest.approx(1 - a.bound.iteration_us / report.static.iteration_us, rel=1e-5)
+    assert set(figures["fixed_template"]) == {"iteration_ms", "dbo_reduction", "bound_reduction"}
+    text = report.render()
+    assert "DBO attributed" in text and "fixed-template pairs" in text and "of the bound" in text
+    without = capacity.plan_capacity(PlanView(planned(dbo=True)), RoutingSpec("zipf", zipf_s=0.8, seed=3), iterations=2,
+                                     attribution=False).report
+    assert without.attribution is None and "DBO attributed" not in without.render()
