@@ -32,7 +32,7 @@ the frontend refuses is reported and skipped. ``--csv`` writes one row per setti
     .venv/bin/python bench/bench_real_pairs.py                              # Qwen3-Next, EP8 and EP32, seq 4K
     .venv/bin/python bench/bench_real_pairs.py --source hf:qwen3_next --ep 8 16 32 --seq-len 4096 32768
     .venv/bin/python bench/bench_real_pairs.py --bottleneck --time-limit 30   # each device's worst pair
-    .venv/bin/python bench/bench_real_pairs.py --workloads all --ep 8 16 32 --seq-len 4096 32768 \
+    .venv/bin/python bench/bench_real_pairs.py --workloads all --ep 8 16 32 64 --seq-len 4096 32768 \
         --sample 40 --time-limit 2 --csv bench/results/real_pairs.csv          # the real-plan suite
 """
 

@@ -13,7 +13,8 @@ prints the same lines: in the deterministic CPU mode both agree bitwise.
 
 ``--dump DIR`` writes each step's losses and reduced gradients (``torch.save``)
 for comparison; ``--ledger run.jsonl`` writes the prediction ledger. The
-``--fail-*`` options make one rank fail on purpose, to see the others stop.
+``--fail-*`` options make one rank fail on purpose (in training, or at start-up
+before or after its health watch starts), to see every other rank name it.
 """
 
 # SIGTERM is blocked before torch starts any thread, so that the health watch thread
@@ -40,11 +41,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tiny_qwen3_next import NAME, PARALLEL, TinyConfig, build_model  # noqa: E402
 
 import runtime  # noqa: E402
-from runtime.errors import PlanError  # noqa: E402
-from runtime.executor import CommunicationError  # noqa: E402
-from runtime.health import write_line  # noqa: E402
+from runtime.health import start_job_watch, write_line  # noqa: E402
 from runtime.local_reference import LocalReference, deterministic_cpu_mode  # noqa: E402
-from runtime.session import TrainingSession, mean_loss  # noqa: E402
+from runtime.session import TrainingSession, load_programs, mean_loss  # noqa: E402
 
 LR = 3e-3
 
@@ -84,6 +83,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dump", metavar="DIR", help="write each step's losses and gradients here")
     p.add_argument("--ledger", metavar="PATH", help="write the prediction ledger (JSON lines)")
     p.add_argument("--fail-rank", type=int, default=-1, help="this rank fails on purpose ...")
+    p.add_argument("--fail-at", choices=["action", "start", "launch"], default="action",
+                   help="... during training (action), at start-up once its health watch runs (start), or at "
+                        "start-up before it (launch) ...")
     p.add_argument("--fail-step", type=int, default=0, help="... in this step ...")
     p.add_argument("--fail-at-action", type=int, default=0, help="... after this many FSM actions ...")
     p.add_argument("--fail-mode", choices=["raise", "exit"], default="raise", help="... by raising, or dying at once")
@@ -132,29 +134,32 @@ class _FailingFSM:
     def advance(self) -> Any:
         self._left -= 1
         if self._left < 0:
-            if self._mode == "exit":
-                os._exit(3)
-            raise RuntimeError("injected failure (--fail-rank)")
+            fail_on_purpose(self._mode)
         return self._fsm.advance()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._fsm, name)
 
 
-def plan_and_signature(args: argparse.Namespace, rank: int, compiled: bytes | None) -> tuple[bytes, bytes]:
+def fail_on_purpose(mode: str) -> None:
+    if mode == "exit":
+        os._exit(3)
+    raise RuntimeError("injected failure (--fail-rank)")
+
+
+def plan_and_signature(args: argparse.Namespace, rank: int, compiled: bytes | None, expect: dict[str, Any]) -> tuple[bytes, bytes]:
     """Rank 0 reads (or compiles) the plan and computes the signature of the model this job trains."""
     payload: list[Any] = [None]
     if rank == 0:
         from codegen.signature import plan_signature
-        from runtime.bytecode import decode
+        from runtime.bytecode import plan_bytes
         from tessera.api import capture
 
-        if args.plan:
-            data = Path(args.plan).read_bytes()
-        else:
-            assert compiled is not None
-            data = compiled
-        info = decode(data, rank=0).plan
+        data = plan_bytes(args.plan) if args.plan else compiled
+        assert data is not None
+        # The plan is checked against this run before the model is captured with its settings:
+        # a plan for another model or other settings is refused as such, not by the capture.
+        info = load_programs(data, None, expect)[0].plan
         module = capture(str(Path(__file__).with_name("tiny_qwen3_next.py")), microbatches=args.microbatches,
                          seq_len=args.seq_len, pp=info.pp, vpp=info.vpp, ep=info.ep)
         # The plan records where its costs came from; the signature covers the model and settings.
@@ -176,25 +181,34 @@ def compile_plan(args: argparse.Namespace) -> bytes:
 
 def train_distributed(args: argparse.Namespace) -> int:
     deterministic_cpu_mode()
-    # Rank 0 compiles before joining the process group: the planner may start worker processes,
-    # and forking once gloo's threads run can hang the child.
-    compiled = compile_plan(args) if not args.plan and os.environ.get("RANK") == "0" else None
-    # Long enough for rank 0 to compile the plan (calibrating this CPU on first use) while the others
-    # wait in the broadcast; a rank that dies is reported by the health watch, not by this timeout.
-    dist.init_process_group("gloo", timeout=timedelta(seconds=600))
-    rank = dist.get_rank()
+    rank = int(os.environ["RANK"])
+    failing = rank == args.fail_rank
+    if failing and args.fail_at == "launch":
+        fail_on_purpose(args.fail_mode)
+    # Rank 0 compiles before its watch and the process group start: the planner may start worker
+    # processes (forking once other threads run can hang the child), and its solvers may hold the
+    # interpreter longer than a heartbeat. Its watch, started next, sees any failure meanwhile.
+    compiled = compile_plan(args) if not args.plan and rank == 0 else None
+    # The watch comes before anything else can fail: every failure from here on, a refused plan
+    # included, is named by every rank (runtime.health).
+    watch = start_job_watch()
     session: TrainingSession | None = None
     try:
-        data, signature = plan_and_signature(args, rank, compiled)
+        if failing and args.fail_at == "start":
+            fail_on_purpose(args.fail_mode)
+        # Long enough for rank 0 to capture the model while the others wait in the broadcast; a
+        # rank that dies is reported by the health watch, not by this timeout.
+        dist.init_process_group("gloo", timeout=timedelta(seconds=600))
+        expect = {"model": NAME, "microbatches": args.microbatches, "seq_len": args.seq_len}
+        data, signature = plan_and_signature(args, rank, compiled, expect)
         steps_done = [0]
         fsm_factory = None
-        if rank == args.fail_rank:
+        if failing and args.fail_at == "action":
             def fsm_factory(program: Any, **kw: Any) -> Any:
                 at = args.fail_at_action if steps_done[0] == args.fail_step else 1 << 60
                 return _FailingFSM(program, at=at, mode=args.fail_mode, **kw)
-        expect = {"model": NAME, "microbatches": args.microbatches, "seq_len": args.seq_len}
         session = TrainingSession.start(data, build_model(), signature=signature, expect=expect, dbo=args.dbo,
-                                        fsm_factory=fsm_factory, driver=args.driver)
+                                        fsm_factory=fsm_factory, driver=args.driver, health=watch)
         opt = optimizer(session.parameters())
         cfg = TinyConfig()
         ledger = None
@@ -229,21 +243,15 @@ def train_distributed(args: argparse.Namespace) -> int:
         session.close()
         dist.destroy_process_group()
         return 0
-    except PlanError as err:
-        if args.debug:
-            raise
-        write_line(f"[rank {rank}] error: {err}")
-        return 1
-    except CommunicationError as err:
-        # Another rank's failure usually shows here first; wait for the health watch to name it.
-        record = session.health.first_failure(wait_s=10.0) if session is not None and session.health else None
-        write_line(f"[rank {rank}] error: stopping because another rank failed: {record or err}")
-        return 1
     except Exception as err:
         if args.debug:
             traceback.print_exc()
-        record = session.fail(f"{type(err).__name__}: {err}") if session is not None else f"rank {rank}: {err}"
-        write_line(f"[rank {rank}] error: {record}")
+        # A broken connection is usually another rank's failure: the watch names that rank.
+        record = watch.failure_of(err)
+        if record.startswith(f"rank {rank}:"):
+            write_line(f"[rank {rank}] error: {record}")
+        else:
+            write_line(f"[rank {rank}] error: stopping because another rank failed: {record}")
         return 1
 
 

@@ -19,11 +19,10 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
-from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from runtime.bytecode import FORMAT_VERSION, Collective, Group, Op, Payload, Stream
+from runtime.bytecode import FORMAT_VERSION, Collective, Group, Op, Payload, Stream, plan_bytes
 from runtime.errors import REASONS, PlanError
 from runtime.reference import COUNTER_NAMES, ActionKind
 
@@ -73,17 +72,12 @@ def load_plan(source: str | os.PathLike[str] | bytes | bytearray | memoryview, r
 
     ``signature`` is the plan signature of the model being trained (see
     docs/bytecode.md); a plan compiled for anything else is refused. Every
-    refusal raises ``PlanError`` whose ``reason`` names the problem.
+    refusal raises ``PlanError`` whose ``reason`` names the problem (a path that
+    cannot be read: "unreadable"); a ``rank`` that is not an integer, or a
+    ``signature`` that is not 32 bytes, raises TypeError or ValueError.
     """
-    if isinstance(source, (bytes, bytearray, memoryview)):
-        data = bytes(source)
-    else:
-        path = Path(source)
-        try:
-            data = path.read_bytes()
-        except OSError as err:
-            raise PlanError(f"cannot read plan '{path}': {err.strerror}", "unreadable") from None
-    program: Program = _extension().load_program(data, rank, signature)
+    # Reading is shared with the reference loader; rank and signature are checked in C++.
+    program: Program = _extension().load_program(plan_bytes(source), rank, signature)
     return program
 
 

@@ -14,6 +14,8 @@ section entries, then the sections, each starting at a multiple of 8 bytes.
 from __future__ import annotations
 
 import math
+import operator
+import os
 import struct
 import zlib
 from collections.abc import Iterable, Sequence
@@ -258,6 +260,57 @@ def _fail(reason: str, message: str) -> PlanError:
     return PlanError(message, reason)
 
 
+# The loaders' arguments. runtime.load_plan (C++) and reference.load_plan (this module) take
+# the same (source, rank, signature) and must answer the same for any of them: the source is
+# read here for both; rank and signature are checked by check_rank / check_signature here and
+# by their twins in runtime/csrc/bindings.cpp, with the same classes and messages. Misuse of
+# the call is a TypeError or ValueError; only a problem of the plan itself (the file included)
+# is a PlanError.
+
+
+def plan_bytes(source: object) -> bytes:
+    """The bytes of a plan given as a path (str or os.PathLike) or as its bytes.
+
+    A path that cannot be read is refused as PlanError("unreadable") whatever the cause
+    (missing, a directory, no permission, a name the OS rejects).
+    """
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return bytes(source)
+    if not isinstance(source, (str, os.PathLike)):
+        raise TypeError(f"a plan is a path or its bytes, got {type(source).__name__}")
+    try:
+        with open(source, "rb") as f:
+            return f.read()
+    except (OSError, ValueError) as err:  # ValueError: a NUL byte in the path
+        why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        name = os.fsdecode(os.fspath(source))
+        shown = name if len(name) <= 200 else f"{name[:200]}... ({len(name)} characters)"
+        raise _fail("unreadable", f"cannot read plan '{shown}': {why}") from None
+
+
+def check_rank(rank: object) -> int:
+    """``rank`` as an int; anything but an integer (bool included) is a TypeError.
+
+    Any integer passes, however large: one outside the plan's pipeline ranks is refused by
+    the loader as PlanError("rank"), in the order of its checks.
+    """
+    if isinstance(rank, bool) or not hasattr(type(rank), "__index__"):
+        raise TypeError(f"rank must be an integer pipeline rank, got {type(rank).__name__}")
+    return operator.index(rank)  # type: ignore[arg-type]
+
+
+def check_signature(signature: object) -> bytes | None:
+    """``signature`` as bytes (None: do not check it); it must be SIGNATURE_BYTES bytes."""
+    if signature is None:
+        return None
+    if not isinstance(signature, (bytes, bytearray, memoryview)):
+        raise TypeError(f"a plan signature is {SIGNATURE_BYTES} bytes or None, got {type(signature).__name__}")
+    value = bytes(signature)
+    if len(value) != SIGNATURE_BYTES:
+        raise ValueError(f"a plan signature is {SIGNATURE_BYTES} bytes (a SHA-256 digest), got {len(value)}")
+    return value
+
+
 @dataclass(frozen=True)
 class _Section:
     kind: int
@@ -272,8 +325,13 @@ _UNIQUE = (SectionKind.PLAN, SectionKind.STRINGS, SectionKind.TASKS, SectionKind
 def decode(data: bytes | bytearray | memoryview, rank: int | None = None, signature: bytes | None = None) -> PlanImage:
     """Check ``data`` and return the plan; with ``rank``, only that rank's program is checked and returned.
 
-    Raises PlanError naming the first problem, in the order docs/bytecode.md lists the checks.
+    Raises PlanError naming the first problem, in the order docs/bytecode.md lists the checks
+    (TypeError or ValueError for a ``rank`` or ``signature`` that check_rank or
+    check_signature refuses).
     """
+    if rank is not None:
+        rank = check_rank(rank)
+    signature = check_signature(signature)
     buf = memoryview(bytes(data))
     n = len(buf)
     if n < HEADER.size:

@@ -9,8 +9,11 @@ rendezvous store (torchrun's agent keeps it alive when a worker dies):
 - every ``interval_s`` it bumps its own heartbeat counter;
 - a rank that raises records ``rank R: <error>`` (``HealthWatch.fail``); the
   first record wins, so later errors caused by the first do not hide it;
-- a rank whose heartbeat has not moved for ``stale_s`` without having said it
-  finished is dead (killed, crashed): the first watch to see it records that;
+- a rank whose process has ended (on this host: each rank records its host and
+  process id when its watch starts) without a record or a finish is dead at
+  once; one on another host, whose heartbeat has not moved for ``stale_s``,
+  likewise; one that never started its watch is named when the launcher stops
+  the job (below): the first watch to see a death records it;
 - when a record exists, the watch prints it and ends the process (exit 1),
   whatever the training thread is blocked in;
 - SIGTERM (torchrun stopping the job because a worker exited) is received by
@@ -18,12 +21,19 @@ rendezvous store (torchrun's agent keeps it alive when a worker dies):
   stale heartbeat, then reports and exits. For that, SIGTERM must be blocked
   in every thread: call ``hold_termination_signals()`` first thing in the
   program, before torch starts threads (then threads inherit the mask).
+
+Start the watch before anything that can fail (``start_job_watch``: it needs
+only torchrun's environment, not the process group), and report every failure
+through it (``HealthWatch.failure_of``), refusals of the plan included: then
+every rank names the rank that failed and why, from the first second of the
+job, instead of the transport's ``Connection closed by peer``.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -55,6 +65,36 @@ def write_line(text: str) -> None:
 def hold_termination_signals() -> None:
     """Block SIGTERM in this thread and every thread started after, so the watch thread receives it."""
     signal.pthread_sigmask(signal.SIG_BLOCK, TERMINATION)
+
+
+def process_ended(pid: int) -> bool:
+    """Whether process ``pid`` of this host has ended (a zombie, dead but not yet reaped, has)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            # The state follows the parenthesised command name, which may itself hold spaces.
+            state = f.read().rpartition(b")")[2].split()[:1]
+        return state in ([b"Z"], [b"X"])
+    except FileNotFoundError:
+        return True
+    except OSError:  # no /proc: ask the kernel whether the id is in use
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
+
+def is_communication_failure(err: BaseException) -> bool:
+    """An error a rank sees when a peer dies: a broken transport rather than a fault of its own."""
+    import torch.distributed as dist
+
+    kinds = tuple(k for k in (getattr(dist, "DistBackendError", None), getattr(dist, "DistNetworkError", None)) if k)
+    if isinstance(err, kinds) or type(err).__name__ == "CommunicationError":
+        return True
+    text = str(err)
+    return any(sign in text for sign in ("Connection closed by peer", "Connection reset by peer", "Broken pipe"))
 
 
 def job_store(prefix: str = "tessera/health", timeout_s: float = 30.0) -> Any:
@@ -91,10 +131,15 @@ class HealthWatch:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._seen: dict[int, tuple[int, float]] = {}  # rank -> (last counter, when it last moved)
+        self._processes: dict[int, int] = {}  # rank -> process id, for the ranks on this host
+        self._host = socket.gethostname()
+        self._started = time.monotonic()
 
     # ------------------------------------------------------------ training thread
 
     def start(self) -> HealthWatch:
+        self.store.set(f"proc/{self.rank}", f"{socket.gethostname()} {os.getpid()}")
+        self._started = time.monotonic()
         self.store.add(f"hb/{self.rank}", 1)
         self._thread = threading.Thread(target=self._watch, name="tessera-health", daemon=True)
         self._thread.start()
@@ -105,11 +150,23 @@ class HealthWatch:
         record = f"rank {self.rank}: {message}"
         return self._record(record)
 
-    def first_failure(self, wait_s: float = 0.0) -> str | None:
-        """The failure record, waiting up to ``wait_s`` for one (a dead rank takes ``stale_s`` to notice)."""
+    def failure_of(self, err: BaseException) -> str:
+        """The failure record that stands once this rank failed with ``err``.
+
+        A broken connection is usually another rank's death or refusal seen from here: the
+        watch is given up to ``diagnose_s`` to name that rank before this one records itself.
+        """
+        if is_communication_failure(err):
+            record = self.first_failure(wait_s=self.diagnose_s, look=True)
+            if record is not None:
+                return record
+        return self.fail(f"{type(err).__name__}: {err}" if not _is_refusal(err) else str(err))
+
+    def first_failure(self, wait_s: float = 0.0, look: bool = False) -> str | None:
+        """The failure record, waiting up to ``wait_s`` for one; with ``look``, also looking for dead ranks."""
         deadline = time.monotonic() + wait_s
         while True:
-            record = self._read_record()
+            record = self._check() if look else self._read_record()
             if record is not None or time.monotonic() >= deadline:
                 return record
             time.sleep(self.interval_s)
@@ -133,26 +190,49 @@ class HealthWatch:
         value = self.store.get(FAILED_KEY)
         return value.decode() if isinstance(value, bytes) else str(value)
 
-    def _dead_rank(self) -> int | None:
+    def _process_of(self, r: int) -> int | None:
+        """Rank ``r``'s process id if it runs on this host (None: elsewhere, or its watch has not started)."""
+        if r not in self._processes:
+            if not self.store.check([f"proc/{r}"]):
+                return None
+            value = self.store.get(f"proc/{r}")
+            host, _, digits = (value.decode() if isinstance(value, bytes) else str(value)).rpartition(" ")
+            self._processes[r] = int(digits) if host == self._host and digits.isdigit() else -1
+        pid = self._processes[r]
+        return pid if pid >= 0 else None
+
+    def _dead_rank(self, never_started: bool = False) -> str | None:
+        """The failure record of a rank found dead, or None.
+
+        ``never_started``: also name a rank whose watch never started (the launcher is stopping
+        the job, so it ended before its start-up reached the watch).
+        """
         now = time.monotonic()
         for r in range(self.world_size):
-            if r == self.rank:
+            if r == self.rank or int(self.store.add(f"done/{r}", 0)):
                 continue
+            pid = self._process_of(r)
+            if pid is not None and process_ended(pid):
+                if int(self.store.add(f"done/{r}", 0)):  # it finished between the two looks
+                    continue
+                return f"rank {r}: its process (pid {pid}) ended without reporting an error (killed or crashed)"
             count = int(self.store.add(f"hb/{r}", 0))
             last = self._seen.get(r)
             if last is None or last[0] != count:
                 self._seen[r] = (count, now)
                 continue
-            if now - last[1] > self.stale_s and count > 0 and not int(self.store.add(f"done/{r}", 0)):
-                return r
+            if now - last[1] > self.stale_s and count > 0:
+                return f"rank {r}: stopped responding (no heartbeat for {self.stale_s:.1f} s; killed or crashed)"
+            if now - last[1] > self.stale_s and never_started:
+                return f"rank {r}: ended before its health watch started (killed or crashed at start-up)"
         return None
 
-    def _check(self) -> str | None:
+    def _check(self, never_started: bool = False) -> str | None:
         record = self._read_record()
         if record is None:
-            dead = self._dead_rank()
+            dead = self._dead_rank(never_started)
             if dead is not None:
-                record = self._record(f"rank {dead}: stopped responding (no heartbeat for {self.stale_s:.1f} s; killed or crashed)")
+                record = self._record(dead)
         return record
 
     def _stop_process(self, record: str, why: str) -> None:
@@ -183,7 +263,7 @@ class HealthWatch:
         while time.monotonic() < deadline:
             try:
                 self.store.add(f"hb/{self.rank}", 1)
-                record = self._check()
+                record = self._check(never_started=True)
             except Exception:  # noqa: BLE001
                 record = None
             if record is not None:
@@ -194,3 +274,22 @@ class HealthWatch:
                 return
             time.sleep(self.interval_s)
         self._stop_process("no rank reported a failure", "stopped by the launcher (SIGTERM)")
+
+
+def _is_refusal(err: BaseException) -> bool:
+    """A refusal with a message of its own (a PlanError): recorded as is, without its class name."""
+    from runtime.errors import PlanError
+
+    return isinstance(err, PlanError)
+
+
+def start_job_watch(**options: Any) -> HealthWatch:
+    """This rank's watch, started from torchrun's environment (``RANK``, ``WORLD_SIZE``, ``MASTER_*``).
+
+    It needs no process group, so a trainer starts it first, before anything that can fail;
+    ``TrainingSession.start(..., health=watch)`` then uses it.
+    """
+    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    if rank is None or world is None:
+        raise RuntimeError("RANK and WORLD_SIZE are not set: launch the job with torchrun")
+    return HealthWatch(job_store(), int(rank), int(world), **options).start()

@@ -34,6 +34,7 @@ before instruction ``d``.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -41,7 +42,19 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
-from runtime.bytecode import Instr, Op, PlanImage, PlanInfo, SlotInfo, Stream, TaskInfo, decode
+from runtime.bytecode import (
+    Instr,
+    Op,
+    PlanImage,
+    PlanInfo,
+    SlotInfo,
+    Stream,
+    TaskInfo,
+    check_rank,
+    check_signature,
+    decode,
+    plan_bytes,
+)
 
 NEW, ISSUED, DONE, POOLED = 0, 1, 2, 3
 FIT_EPS_US = 1e-9  # the fit test's tolerance: duration <= remaining + FIT_EPS_US
@@ -165,10 +178,17 @@ class Program:
         return len(self.instructions)
 
 
-def load_plan(source: bytes | str, rank: int, signature: bytes | None = None) -> Program:
-    """The program of ``rank`` from a path or the bytes of a plan; refusals raise PlanError."""
-    data = source if isinstance(source, (bytes, bytearray, memoryview)) else open(source, "rb").read()  # noqa: SIM115
-    return Program(decode(data, rank=rank, signature=signature), rank)
+def load_plan(
+    source: str | os.PathLike[str] | bytes | bytearray | memoryview, rank: int, signature: bytes | None = None
+) -> Program:
+    """The program of ``rank`` from a path or the bytes of a plan, as ``runtime.load_plan``.
+
+    Refusals raise PlanError; a ``rank`` or ``signature`` of the wrong type or size raises
+    TypeError or ValueError, the same as the C++ loader.
+    """
+    data = plan_bytes(source)
+    rank = check_rank(rank)
+    return Program(decode(data, rank=rank, signature=check_signature(signature)), rank)
 
 
 class ReferenceFSM:

@@ -66,7 +66,8 @@ def load_programs(data: bytes, signature: bytes | None, expect: Mapping[str, Any
 
     mismatch = describe_mismatch(data, expect)
     if mismatch is not None:
-        raise PlanError(f"the plan was compiled for other settings: {mismatch}; recompile it for this run", "signature")
+        what = "another model" if mismatch.startswith("model=") else "other settings"
+        raise PlanError(f"the plan was compiled for {what}: {mismatch}; recompile it for this run", "signature")
     try:
         first = runtime.load_plan(data, rank=0, signature=signature)
     except PlanError as err:
@@ -147,7 +148,7 @@ class TrainingSession:
         signature: bytes | None = None,
         expect: Mapping[str, Any] | None = None,
         dbo: bool = True,
-        health: bool = True,
+        health: bool | HealthWatch = True,
         fsm_factory: Any = None,
         driver: str = "fsm",
         binding: type[ModelBinding] | None = None,
@@ -163,18 +164,21 @@ class TrainingSession:
             raise ValueError(f"driver must be 'fsm' or 'pipelining', got '{driver}'")
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialized: call dist.init_process_group first (torchrun sets it up)")
-        data = plan_bytes(plan)
-        programs = load_programs(data, signature, expect or {})
-        info = programs[0].plan
-        family = binding or binding_for(model)
-        family.check_model(model)
-        layout = StageLayout.from_programs(programs)
-        check_model_fits_plan(family, model, programs, layout)
         rank, world = dist.get_rank(), dist.get_world_size()
+        # The watch comes first and hears every refusal, so that every rank names this one.
+        watch = health if isinstance(health, HealthWatch) else HealthWatch(job_store(), rank, world).start() if health else None
+        try:
+            programs = load_programs(plan_bytes(plan), signature, expect or {})
+            family = binding or binding_for(model)
+            family.check_model(model)
+            layout = StageLayout.from_programs(programs)
+            check_model_fits_plan(family, model, programs, layout)
+        except (PlanError, BindingError) as err:
+            if watch is not None:
+                watch.failure_of(err)
+            raise
+        info = programs[0].plan
         grid = RankGrid.for_world(world, int(info.pp), int(info.ep))
-        watch = None
-        if health:
-            watch = HealthWatch(job_store(), rank, world).start()
         parallel = create_groups(grid, rank)
         pp_rank, ep_rank, _ = grid.coords(rank)
         family.shard_experts(model, ep_rank, grid.ep)

@@ -53,13 +53,21 @@ into a :class:`~passes.scheduling.schedule.PairSchedule`.
    schedules. The optimum of such a pair starts the forward's transfer while the head
    computes; every priority rule above starts the head first, and no single move of the
    local search gets from there to it. Searched last, so no result gets worse.
-4. For a pair whose compute stream has the more work, unless already at the lower bound: the
+4. *Delayed weight gradient*, unless at the lower bound, where the best schedule's longest
+   movable compute task (the LM head's weight gradient, in a chunk holding the head) holds up
+   the next task on its stream (that task's dependencies were done before it ends): the local
+   search from the best schedule with that task moved one to four places later in the compute
+   order. The constructive rules start it in the first idle window, which it overruns, so the
+   next layer's dgrad -- and the transfer chain behind it -- waits; moved alone it only moves
+   the wait, and the optimum also moves the short tasks around it, which the search from there
+   does. Only the best schedule can change, and only for the better.
+5. For a pair whose compute stream has the more work, unless already at the lower bound: the
    local search once more from the best schedule, each merge-search fit list-scheduling the
    compute stream both with the greedy look-ahead and with look-ahead by bound and keeping the
    shorter. The greedy fit leaves the compute stream idle rather than start a long weight
    gradient in a wait, which in a compute-bound pair adds straight to the makespan. Only the
    best schedule can change, and only for the better; other pairs pay nothing.
-5. Last, unless at the lower bound, on a transfer stream of at most 32 tasks: every order of the
+6. Last, unless at the lower bound, on a transfer stream of at most 32 tasks: every order of the
    best schedule's transfer stream with two swaps of neighbouring tasks at once (at two places),
    the compute stream re-fitted around
    each; the shortest that beats the best schedule replaces it, and the local search runs again

@@ -139,16 +139,50 @@ PyMethodDef fsm_fast_methods[] = {
     {nullptr, nullptr, 0, nullptr},
 };
 
-std::shared_ptr<Program> load(py::buffer data, int64_t rank, std::optional<py::bytes> signature) {
+std::string type_name(py::handle obj) { return py::str(py::type::handle_of(obj).attr("__name__")); }
+
+// check_rank's twin (runtime/bytecode.py): any integer but a bool, however large. One beyond
+// int64 goes to the loader as INT64_MAX or INT64_MIN, which no plan has, with its decimal text
+// for the refusal.
+int64_t rank_argument(py::handle rank, std::string& label) {
+  if (PyBool_Check(rank.ptr()) || !PyIndex_Check(rank.ptr()))
+    throw py::type_error("rank must be an integer pipeline rank, got " + type_name(rank));
+  auto index = py::reinterpret_steal<py::object>(PyNumber_Index(rank.ptr()));
+  if (!index) throw py::error_already_set();
+  int overflow = 0;
+  long long value = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+  if (value == -1 && PyErr_Occurred()) throw py::error_already_set();
+  if (overflow == 0) return value;
+  label = py::str(index);
+  return overflow > 0 ? INT64_MAX : INT64_MIN;
+}
+
+// check_signature's twin: None, or bytes-like of kSignatureBytes bytes.
+std::string signature_argument(py::handle signature) {
+  if (signature.is_none()) return std::string();
+  PyObject* s = signature.ptr();
+  if (!PyBytes_Check(s) && !PyByteArray_Check(s) && !PyMemoryView_Check(s))
+    throw py::type_error("a plan signature is " + std::to_string(kSignatureBytes) + " bytes or None, got " +
+                         type_name(signature));
+  auto value = py::reinterpret_steal<py::bytes>(PyBytes_FromObject(s));
+  if (!value) throw py::error_already_set();
+  std::string out = value;
+  if (out.size() != kSignatureBytes)
+    throw py::value_error("a plan signature is " + std::to_string(kSignatureBytes) + " bytes (a SHA-256 digest), got " +
+                          std::to_string(out.size()));
+  return out;
+}
+
+std::shared_ptr<Program> load(py::buffer data, py::object rank, py::object signature) {
   py::buffer_info info = data.request();
   if (info.ndim != 1 || info.itemsize != 1) throw std::invalid_argument("plan bytes must be a flat byte buffer");
-  std::string expected = signature ? std::string(*signature) : std::string();
-  if (signature && expected.size() != kSignatureBytes)
-    throw std::invalid_argument("a plan signature is " + std::to_string(kSignatureBytes) + " bytes");
+  std::string rank_label;
+  const int64_t rank_value = rank_argument(rank, rank_label);
+  const std::string expected = signature_argument(signature);
   const auto* bytes = static_cast<const uint8_t*>(info.ptr);
   size_t n = size_t(info.size);
   py::gil_scoped_release release;  // loading a large plan takes milliseconds; let other threads run
-  return std::const_pointer_cast<Program>(load_program(bytes, n, rank, expected));
+  return std::const_pointer_cast<Program>(load_program(bytes, n, rank_value, expected, rank_label));
 }
 
 }  // namespace

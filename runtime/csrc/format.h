@@ -44,7 +44,9 @@ struct PlanInfo {
   uint32_t pp, vpp, ep, tp, microbatches, micro_batch_size, seq_len;
   std::string dtype, model, cost_source, hardware;
   uint64_t memory_budget_bytes;
-  uint32_t virtual_stages() const { return pp * vpp; }
+  // 64 bits: pp and vpp are each up to 2^32 - 1, and a wrapped product would accept or refuse
+  // SEND/RECV stages differently from runtime/bytecode.py, whose integers do not wrap.
+  uint64_t virtual_stages() const { return uint64_t(pp) * vpp; }
 };
 
 struct TaskInfo {
@@ -84,8 +86,11 @@ uint32_t crc32_of_plan(const uint8_t* data, size_t n);
 
 // Checks the bytes and returns `rank`'s program; throws PlanError naming the
 // first problem, in the order docs/bytecode.md lists the checks. An empty
-// `expected_signature` skips the signature check.
+// `expected_signature` skips the signature check. `rank_label`, when not empty, is how the
+// caller wrote a rank too large for int64 (passed as INT64_MAX or INT64_MIN): the refusal
+// quotes it, as the Python loader does.
 std::shared_ptr<const Program> load_program(const uint8_t* data, size_t n, int64_t rank,
-                                            const std::string& expected_signature);
+                                            const std::string& expected_signature,
+                                            const std::string& rank_label = std::string());
 
 }  // namespace tessera

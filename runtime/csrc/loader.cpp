@@ -5,7 +5,9 @@
 // bounds, allocate without limit or loop without end.
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 
@@ -31,6 +33,34 @@ std::string cat(const Parts&... parts) {
   std::ostringstream out;
   (out << ... << parts);
   return out.str();
+}
+
+// `x` as Python's repr() writes it (the shortest digits that read back as x; exponent form when
+// the decimal point falls more than 16 places right or 4 left of the first digit), so that a
+// refusal quoting a number reads the same from both loaders.
+std::string python_float(double x) {
+  if (std::isnan(x)) return "nan";
+  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+  char buf[64];
+  auto res = std::to_chars(buf, buf + sizeof buf, x, std::chars_format::scientific);
+  std::string sci(buf, res.ptr);  // [-]d[.ddd]e[+-]XX
+  std::string sign = sci[0] == '-' ? "-" : "";
+  if (!sign.empty()) sci.erase(0, 1);
+  const size_t e = sci.find('e');
+  std::string digits = sci.substr(0, e);
+  digits.erase(std::remove(digits.begin(), digits.end(), '.'), digits.end());
+  const int decpt = std::atoi(sci.c_str() + e + 1) + 1;  // x = 0.digits * 10^decpt
+  const int n = int(digits.size());
+  if (decpt <= -4 || decpt > 16) {
+    std::string out = sign + digits.substr(0, 1);
+    if (n > 1) out += "." + digits.substr(1);
+    const int exponent = decpt - 1;
+    const std::string magnitude = std::to_string(std::abs(exponent));
+    return out + (exponent < 0 ? "e-" : "e+") + (magnitude.size() < 2 ? "0" : "") + magnitude;
+  }
+  if (decpt <= 0) return sign + "0." + std::string(size_t(-decpt), '0') + digits;
+  if (decpt >= n) return sign + digits + std::string(size_t(decpt - n), '0') + ".0";
+  return sign + digits.substr(0, size_t(decpt)) + "." + digits.substr(size_t(decpt));
 }
 
 [[noreturn]] void fail(const char* reason, const std::string& message) { throw PlanError(reason, message); }
@@ -159,7 +189,7 @@ std::vector<TaskInfo> decode_tasks(const uint8_t* d, const Section& s, const std
     if ((flags & ~kTaskFlagMovable) || reserved)
       fail("task", cat("task ", i, " ('", t.name, "') has unknown flag bits or a non-zero reserved field"));
     if (!finite_nonnegative(t.duration_us))
-      fail("task", cat("task ", i, " ('", t.name, "') has duration ", t.duration_us, "; it must be finite and >= 0"));
+      fail("task", cat("task ", i, " ('", t.name, "') has duration ", python_float(t.duration_us), "; it must be finite and >= 0"));
     t.movable = flags & kTaskFlagMovable;
     t.resource = Stream(resource);
     if (t.movable && t.resource != Stream::Compute)
@@ -327,7 +357,7 @@ uint32_t crc32_of_plan(const uint8_t* data, size_t n) {
 constexpr uint64_t kMissingRanksNamed = 8;
 
 std::shared_ptr<const Program> load_program(const uint8_t* d, size_t n, int64_t rank,
-                                            const std::string& expected_signature) {
+                                            const std::string& expected_signature, const std::string& rank_label) {
   if (n < kHeaderBytes) fail("truncated", cat("truncated: ", n, " bytes, shorter than the ", kHeaderBytes, "-byte header"));
   if (std::memcmp(d, kMagic, sizeof kMagic) != 0)
     fail("bad-magic", "not a Tessera plan: the file does not start with the .tsb magic bytes");
@@ -415,7 +445,7 @@ std::shared_ptr<const Program> load_program(const uint8_t* d, size_t n, int64_t 
     fail("program", cat("no PROGRAM section for pipeline rank(s) ", missing));
   }
   if (rank < 0 || rank >= int64_t(pp))
-    fail("rank", cat("rank ", rank, " has no program: the plan has pipeline ranks 0..", pp - 1));
+    fail("rank", cat("rank ", rank_label.empty() ? std::to_string(rank) : rank_label, " has no program: the plan has pipeline ranks 0..", pp - 1));
   const Section* ps = *std::find_if(programs.begin(), programs.end(), [&](const Section* p) { return p->id == rank; });
   prog->rank = uint32_t(rank);
   if (ps->size < kProgramHeadBytes)

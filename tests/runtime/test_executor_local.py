@@ -101,7 +101,8 @@ def test_plans_for_other_settings_or_another_model_are_refused_naming_the_mismat
     with pytest.raises(PlanError, match=r"compiled for other settings: seq_len=8 \(this run: 16\)"):
         load_programs(data, None, {"model": "tiny_qwen3_next", "seq_len": 16})
     other = encode(replace(one_rank_plan, plan=replace(one_rank_plan.plan, model="another_model", microbatches=4)))
-    with pytest.raises(PlanError, match=r"model=another_model \(this run: tiny_qwen3_next\), microbatches=4 \(this run: 2\)"):
+    with pytest.raises(PlanError, match=r"compiled for another model: model=another_model \(this run: tiny_qwen3_next\), "
+                                        r"microbatches=4 \(this run: 2\)"):
         load_programs(other, None, {"model": "tiny_qwen3_next", "microbatches": 2})
     with pytest.raises(PlanError, match="its parallel settings match this run, but the model's layers") as err:
         load_programs(data, hashlib.sha256(b"a different model").digest(), {"model": "tiny_qwen3_next", "seq_len": SEQ})

@@ -14,12 +14,14 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
 from codegen.emit import plan_bytes
+from runtime.bytecode import decode, encode
 from runtime.ledger import read_ledger
 from tessera.api import compile
 
@@ -143,8 +145,45 @@ def test_a_failing_rank_is_named_by_every_other_rank(plan, mode):
         assert "[rank 2] error: rank 2: RuntimeError: injected failure" in text
 
 
+def named_by_every_rank(text: str, failed: int, reason: str, ranks: range | tuple[int, ...] = range(4)) -> None:
+    """Every rank's first error line names rank ``failed`` and ``reason``, never the transport's complaint."""
+    for rank in ranks:
+        said = re.findall(rf"\[rank {rank}\] error: ([^\n]*)", text)
+        assert said, f"rank {rank} said nothing:\n{text[-4000:]}"
+        assert f"rank {failed}: " in said[0] and reason in said[0], f"rank {rank}: {said[0]}\n{text[-4000:]}"
+        assert "Connection closed" not in said[0]
+
+
+@pytest.mark.parametrize(("point", "reason"), [("start", "ended without reporting an error"),
+                                               ("launch", "ended before its health watch started")])
+def test_a_rank_killed_at_start_up_is_named_by_every_other_rank(plan, point, reason):
+    proc = launch(["--plan", str(plan), "--steps", "1", "--seq-len", str(SEQ), "--fail-rank", "1", "--fail-at", point,
+                   "--fail-mode", "exit"], timeout=150)
+    assert proc.returncode != 0
+    named_by_every_rank(proc.stdout + proc.stderr, 1, reason, ranks=(0, 2, 3))
+
+
+def test_a_plan_refused_on_rank_0_is_named_by_every_rank(plan, tmp_path):
+    damaged = tmp_path / "damaged.tsb"
+    data = bytearray(plan.read_bytes())
+    data[200] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    proc = launch(["--plan", str(damaged), "--steps", "1", "--seq-len", str(SEQ)], timeout=150)
+    assert proc.returncode != 0
+    named_by_every_rank(proc.stdout + proc.stderr, 0, "checksum mismatch")
+
+
+def test_a_plan_for_another_model_and_settings_is_refused_as_such(plan, tmp_path):
+    image = decode(plan.read_bytes())
+    other = tmp_path / "other.tsb"
+    other.write_bytes(encode(replace(image, plan=replace(image.plan, model="another_model", microbatches=8))))
+    proc = launch(["--plan", str(other), "--steps", "1", "--seq-len", str(SEQ)], timeout=150)
+    assert proc.returncode != 0
+    named_by_every_rank(proc.stdout + proc.stderr, 0, "the plan was compiled for another model: model=another_model "
+                        "(this run: tiny_qwen3_next), microbatches=8 (this run: 4); recompile it")
+
+
 def test_a_plan_for_other_settings_is_refused_at_load(plan):
     proc = launch(["--plan", str(plan), "--steps", "1", "--seq-len", "8"], timeout=150)
     assert proc.returncode != 0
-    for rank in range(4):
-        assert f"[rank {rank}] error: the plan was compiled for other settings: seq_len={SEQ} (this run: 8)" in proc.stderr
+    named_by_every_rank(proc.stderr, 0, f"the plan was compiled for other settings: seq_len={SEQ} (this run: 8)")

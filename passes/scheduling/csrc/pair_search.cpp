@@ -299,6 +299,8 @@ constexpr int kPairedMovesMaxTasks = 12;
 // number grows as the square of the length): the transfer streams of every reference plan's
 // pairs but Qwen3-30B's 24-layer chunks (96 transfers, where it found nothing and cost 20% more fits).
 constexpr int kSwapPairsMaxTasks = 32;
+// How many places later delay_long_movable tries the longest weight gradient.
+constexpr size_t kDelayPlaces = 4;
 
 // Event-driven list scheduling of the backbone tasks: whenever a stream can start
 // something, its ready task of highest priority goes; with look-ahead, a stream about to
@@ -591,6 +593,8 @@ class Search {
       construct_feed_first();
       search_from(feed_starts_, std::numeric_limits<int>::max(), fewer);
     }
+    // Then the best schedule's longest weight gradient started later (see delay_long_movable).
+    if (!done()) delay_long_movable(fewer);
     // Last, for a pair whose compute stream has the more work: the local search once more from
     // the best schedule, each fit also trying look-ahead by bound (a long weight gradient
     // started in a wait rather than the stream left idle) and keeping the shorter. Only the
@@ -1066,6 +1070,44 @@ class Search {
     if (ms >= best_ms_ - kEps || !meets_deadlines(g_, found)) return false;
     improve(found, ms, "swap-pairs");
     return true;
+  }
+
+  // The local search from the best schedule with its longest movable compute task (the LM
+  // head's weight gradient, in a chunk holding the head) moved one to kDelayPlaces places later
+  // in the compute order, when that task holds up the next one: the constructive rules start it
+  // in the first idle window of the stream, which it overruns, so the backbone task that becomes
+  // ready meanwhile (the next layer's dgrad, on the path to a transfer) waits for it. Moved alone
+  // it only moves the wait (no single move of the local search helps); the search from there
+  // also moves the short tasks around it. Only the best schedule can change, and only for the
+  // better.
+  void delay_long_movable(int fewer) {
+    int longest = -1;
+    for (int i = 0; i < g_.n; ++i)
+      if (g_.movable[size_t(i)] && g_.res[size_t(i)] == 0 &&
+          (longest < 0 || g_.dur[size_t(i)] > g_.dur[size_t(longest)]))
+        longest = i;
+    if (longest < 0) return;
+    const Times from = best_;
+    const Orders o = orders_of(g_, from);
+    const std::vector<int>& seq = o.seq[0];
+    const size_t at = size_t(std::find(seq.begin(), seq.end(), longest) - seq.begin());
+    if (at + 1 >= seq.size()) return;
+    // Held up: the next task on the stream starts when the movable one ends, though its own
+    // dependencies were done earlier.
+    const int next = seq[at + 1];
+    double ready = 0.0;
+    for (int p : g_.preds[size_t(next)]) ready = std::max(ready, from[size_t(p)] + g_.dur[size_t(p)]);
+    if (g_.movable[size_t(next)] || ready >= from[size_t(next)] - kEps * std::max(1.0, from[size_t(next)])) return;
+    std::vector<int> trial;
+    Times start;
+    for (size_t k = 1; k <= kDelayPlaces && at + k < seq.size() && !done(); ++k) {
+      trial = seq;
+      std::rotate(trial.begin() + std::ptrdiff_t(at), trial.begin() + std::ptrdiff_t(at + 1),
+                  trial.begin() + std::ptrdiff_t(at + k + 1));
+      double ms;
+      if (!eval_.run(trial, o.seq[1], start, nullptr, ms) || !meets_deadlines(g_, start)) continue;
+      local_search(start, ms, fewer);
+    }
   }
 
   // ------------------------------------------------------------ critical reinsertion

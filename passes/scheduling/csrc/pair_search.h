@@ -24,7 +24,9 @@
 //      and put back where the makespan drops most, until no such move is left.
 // Phases 2 and 3 alternate while they improve. Where the best schedule starts no transfer at
 // time 0, the search runs once more from the schedules that feed the forward's first transfer
-// first; for a compute-bound pair, once more from the best schedule with each fit also
+// first; from the best schedule with its longest weight gradient moved a few places later where
+// it holds up the next task on the compute stream (delay_long_movable); for a compute-bound
+// pair, once more from the best schedule with each fit also
 // list-scheduling by bound; last, from the best schedule, two neighbouring transfers swapped at
 // two places at once (swap_pairs). The search stops as soon as the makespan
 // reaches the lower bound (it is then optimal). Each stream order is fitted once per search:

@@ -1,8 +1,8 @@
 """Pair DAGs from real plans on which gap-fit used to stay above the best exact schedule.
 
 Each case (``data/real_pair_cases.json``, its ``what`` says which plan and why) is a distinct pair
-DAG the candidates pass produced for Qwen3-235B-A22B at EP16 or EP32 or for the 1T synthetic
-model, from the real-plan suite's seeded sample, with the makespan CP-SAT reached (proven optimal
+DAG the candidates pass produced for Qwen3-235B-A22B at EP16 or EP32, for the 1T synthetic
+model or for DeepSeek-V3 at its shipped EP64, from the real-plan suite's seeded sample, with the makespan CP-SAT reached (proven optimal
 or not) and the one gap-fit reached before. Most hold the LM head's backward or a long attention
 core, with the compute stream the bottleneck, and each needed one part of the search:
 
@@ -16,7 +16,10 @@ core, with the compute stream the bottleneck, and each needed one part of the se
 - the fit around a transfer order starting a long weight gradient in a wait (the final local search
   of a compute-bound pair, fitting with look-ahead by bound too);
 - two pairs of neighbouring transfers of different sides swapped at once (the EP32 case: the
-  search's last phase, swap_pairs).
+  search's last phase, swap_pairs);
+- the LM head's long weight gradient started later than the first idle window of the compute
+  stream, which it overran, holding up the next layer's dgrad and the transfer chain behind it
+  (the DeepSeek-V3 EP64 case, comm-bound: delay_long_movable).
 """
 
 from __future__ import annotations
