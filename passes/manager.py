@@ -18,18 +18,17 @@ the pass that failed and the ones that ran before it.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import importlib
 import time
 import types
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, ClassVar, Literal, Union, get_args, get_origin, get_type_hints
 
+from support.collector import frozen_heap
 from tessera_ir.errors import TesseraError
 from tessera_ir.model import Module
 
@@ -358,27 +357,6 @@ def note_time(label: str, seconds: float) -> None:
     parts = _TIMING_PARTS.get()
     if parts is not None:
         parts.append((label, seconds))
-
-
-@contextmanager
-def frozen_heap() -> Iterator[None]:
-    """Keep the objects that exist now out of the garbage collector's way meanwhile.
-
-    Passes allocate many small objects, so the collector runs often, and each full
-    collection walks the whole heap: with a captured model (and torch) loaded that made
-    scheduling a third slower, and in forked workers it also copies every inherited page.
-    Frozen objects (the permanent generation) are skipped; they are live anyway, and are
-    unfrozen afterwards. Does nothing when the caller froze objects already, so as not to
-    unfreeze theirs.
-    """
-    if gc.get_freeze_count():
-        yield
-        return
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
 
 
 @dataclass

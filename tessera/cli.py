@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import base64
 import dataclasses
-import gc
 import json
 import sys
 import time
@@ -24,6 +23,7 @@ from typing import Any, NoReturn
 from passes.manager import PASS_REGISTRY, ModulePass, PassManager, get_pass_class, without_cache
 from passes.scheduling.cache import ScheduleCacheWarning
 from passes.simulation.routing import DEFAULT_ZIPF_S, ROUTING_KINDS, RoutingSpec
+from support import collector
 from tessera.compile_cache import (
     CompileCache,
     CompileCacheWarning,
@@ -383,13 +383,8 @@ def _parsed_later(
         if not parsed:
             assert text is not None
             start = time.perf_counter()
-            was_enabled = gc.isenabled()
-            gc.disable()  # an acyclic tree of a million objects: the collector finds nothing (Run.parse_ir)
-            try:
+            with collector.paused():  # an acyclic tree of a million objects: the collector finds nothing
                 parsed.append(parse_module(text, source=f"<planned {source}, from the compile cache>"))
-            finally:
-                if was_enabled:
-                    gc.enable()
             timings.append(("parse the cached plan", time.perf_counter() - start))
         return parsed[0]
 

@@ -66,7 +66,7 @@ DEFAULT_MAX_BYTES = 1024 * 2**20
 _HEADER = "// tessera-cache "
 
 # Tessera's packages: every file that can change what a compile produces.
-_PACKAGES = ("frontend", "tessera_ir", "passes", "codegen", "runtime", "tessera")
+_PACKAGES = ("support", "frontend", "tessera_ir", "passes", "codegen", "runtime", "tessera")
 _SOURCE_SUFFIXES = (".py", ".pyi", ".lark", ".json", ".cpp", ".h")
 # Third-party packages whose answers enter the IR (the model's config and modules, the
 # solvers); missing ones are recorded as absent.
