@@ -156,6 +156,10 @@ def test_a_child_whose_parent_ended_before_it_asked_ends_itself() -> None:
 
 
 def test_a_helper_keeps_running_while_its_parent_does() -> None:
-    pid, read_end = fork_child(lambda: (time.sleep(0.3), os.getppid())[1])
+    def parent_after_a_while() -> int:
+        time.sleep(0.3)
+        return os.getppid()
+
+    pid, read_end = fork_child(parent_after_a_while)
     data = child_answer(pid, read_end)
     assert data is not None and pickle.loads(data) == os.getpid()
