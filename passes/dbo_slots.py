@@ -52,6 +52,8 @@ OPS = ("dbo_slot", "dbo_pool")
 class DboSlotsPass(ModulePass):
     name = "dbo-slots"
     summary = "Annotate the plan with DBO slots (where compute can wait) and the pool of deferrable weight gradients."
+    requires = ("partition",)
+    produces = ("dbo_slot", "dbo_pool")
 
     memory_budget: float = option(0.03, "share of device memory the pool of deferred weight gradients may hold")
 

@@ -22,7 +22,7 @@ import importlib
 import time
 import types
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import cache
@@ -51,6 +51,11 @@ class ModulePass(ABC):
 
     name: ClassVar[str]
     summary: ClassVar[str]
+    # The plan op kinds the pass reads and those it adds (as torch.fx pass infra's requires and
+    # ensures): a pipeline is refused, before any pass runs, when a pass needs a kind that neither
+    # the module holds nor a pass before it makes (check_pipeline).
+    requires: ClassVar[tuple[str, ...]] = ()
+    produces: ClassVar[tuple[str, ...]] = ()
 
     def __post_init__(self) -> None:
         hints = _option_types(type(self))
@@ -260,8 +265,13 @@ def _pipeline_parser() -> Any:
     return Lark(PIPELINE_GRAMMAR, start="pipeline", parser="lalr")
 
 
-def parse_pipeline(spec: str) -> list[ModulePass]:
-    """Parse ``a,b{opt=v other=w}`` into pass instances, every option converted and checked."""
+def parse_pipeline(spec: str, available: Iterable[str] | None = None) -> list[ModulePass]:
+    """Parse ``a,b{opt=v other=w}`` into pass instances, every option converted and checked.
+
+    ``available``: the plan op kinds the module it will run on holds (none, for a module just
+    captured), when known now: a pass that needs ops no pass before it makes is then refused
+    here (:func:`check_pipeline`); otherwise the pass manager checks that before its first pass.
+    """
     from lark import Token, Tree
     from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
@@ -294,7 +304,32 @@ def parse_pipeline(spec: str) -> list[ModulePass]:
                     raise PassError(f"pass '{name}' sets option '{key}' twice in pipeline '{spec}'")
                 options[str(key)] = value[1:-1] if value.type == "STRING" else str(value)
         passes.append(instantiate_pass(name, options))
+    if available is not None:
+        check_pipeline(passes, available, spec)
     return passes
+
+
+def check_pipeline(passes: Sequence[ModulePass], available: Iterable[str], spec: str | None = None) -> None:
+    """Refuse ``passes`` when one of them needs a plan op kind (its ``requires``) that neither the
+    module (holding the kinds ``available``) nor a pass before it (their ``produces``) provides;
+    the error names the pass, the missing kind and the pass that makes it."""
+    have = set(available)
+    for k, p in enumerate(passes):
+        missing = [kind for kind in p.requires if kind not in have]
+        if missing:
+            kind = missing[0]
+            later = [q.name for q in passes[k + 1:] if kind in q.produces]
+            if later:
+                fix = f"'{later[0]}' makes them, but runs after it here: move '{later[0]}' before '{p.name}'"
+            else:
+                makers = [n for n in sorted(PASS_REGISTRY) if kind in get_pass_class(n).produces]
+                fix = f"run {' or '.join(repr(n) for n in makers) or 'the planning passes'} before it"
+            text = spec if spec is not None else ",".join(q.spelling() for q in passes)
+            raise PassError(
+                f"pipeline '{text}': pass '{p.name}' needs the plan's '{kind}' ops, but the module holds no {kind} op "
+                f"and no pass before it makes one; {fix}"
+            )
+        have.update(p.produces)
 
 
 # ---------------------------------------------------------------------------- running
@@ -380,6 +415,7 @@ class PassManager:
     def run(self, module: Module) -> Module:
         from tessera_ir.verifier import verify
 
+        check_pipeline(self.passes, {op.op for op in module.plan})
         ran: list[str] = []
         unfinished: list[_Unfinished] = []
         owners: list[int] = []  # for each unfinished work, the index of the pass that left it

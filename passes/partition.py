@@ -42,6 +42,8 @@ from tessera_ir.model import Module, SymbolRef
 class PartitionPass(ModulePass):
     name = "partition"
     summary = "Pick one candidate per virtual stage minimising the worst post-overlap pair cost (MILP)."
+    requires = ("candidate",)
+    produces = ("partition",)
 
     search: Literal["window", "global"] = option("window", "window: the candidates marked in_window; global: all of them")
     solver: Literal["cbc", "highs"] = option("cbc", "the MILP solver")

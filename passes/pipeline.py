@@ -47,6 +47,8 @@ from tessera_ir.programs import PIPELINE_OP, PROGRAM_OP, program_op
 class PipelinePass(ModulePass):
     name = "pipeline"
     summary = "Lower the planned module into one program per pipeline rank (interleaved 1F1B), checked for deadlock."
+    requires = ("partition",)
+    produces = ("pipeline", "program")
 
     combined: bool | None = option(
         None, "Megatron-Core's combined-1F1B order: one more warm-up forward, so that every steady-state pair overlaps "

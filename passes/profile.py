@@ -114,6 +114,7 @@ def _percentile(values: list[float], q: float) -> float:
 class ProfilePass(ModulePass):
     name = "profile"
     summary = "Attach a post-overlap cost (analytic with contention, measured, or cached) to every pair."
+    requires = ("pair",)
 
     mode: Literal["analytic", "measured", "cache-only"] = option("analytic", "how pairs are costed")
     repeats: int = option(5, "measured: timed repeats per pair")

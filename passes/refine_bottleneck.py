@@ -57,6 +57,7 @@ LATER_OPS = ("dbo_slot", "dbo_pool", "program")
 class RefineBottleneckPass(ModulePass):
     name = "refine-bottleneck"
     summary = "Re-schedule with CP-SAT the pairs that set each device's worst cost; re-partition if a cost changed."
+    requires = ("partition", "pair_schedule")
 
     time_limit: float = option(10.0, "CP-SAT deterministic seconds per refined pair")
     near: float = option(0.0, "also refine pairs within this fraction of their device's worst cost (0: only the worst)")

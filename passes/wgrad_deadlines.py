@@ -64,6 +64,7 @@ RESOLUTION_US = 1e-3
 class WgradDeadlinesPass(ModulePass):
     name = "wgrad-deadlines"
     summary = "Give weight gradients an intra-pair deadline where the device's memory cannot hold their output gradients."
+    requires = ("candidate",)
 
     memory_gib: float | None = option(None, "device memory capacity in GiB (unset: the target hardware's)")
     wgrad_headroom: bool = option(True, "as partition's: one more micro-batch of activations reserved for deferred wgrad")

@@ -85,7 +85,7 @@ def compile(  # noqa: A001
     from tessera_ir.verifier import verify as verify_module
 
     text = DEFAULT_PIPELINE if pipeline is None else pipeline
-    passes = parse_pipeline(text) if text.strip() else []  # a bad pipeline fails before the capture
+    passes = parse_pipeline(text, available=()) if text.strip() else []  # a bad pipeline fails before the capture
     if ledger is not None:
         passes = with_ledger(passes, ledger)
     resolve_hardware(hardware)

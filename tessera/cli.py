@@ -414,7 +414,7 @@ def _compile(args: argparse.Namespace, run: Run) -> int:
         if path
     }
     pipeline = DEFAULT_PIPELINE if args.passes is None else ("" if args.passes == "none" else args.passes)
-    passes = parse_pipeline(pipeline) if pipeline.strip() else []  # a bad pipeline fails before the capture
+    passes = parse_pipeline(pipeline, available=()) if pipeline.strip() else []  # a bad pipeline fails before the capture
     if not args.cache:
         passes = [without_cache(p) for p in passes]
     if args.ledger:
