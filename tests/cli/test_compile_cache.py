@@ -291,7 +291,7 @@ def test_a_warm_compile_renders_nothing_again(
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("a warm compile parsed the cached plan")
 
-    monkeypatch.setattr("tessera.cli.parse_module", refuse)
+    monkeypatch.setattr("tessera.compiling.parse_module", refuse)
     warm = compile_all(tmp_path / "warm", config, "--timing", capsys=capsys)
     assert warm == cold and len(simulations) == 2  # the --no-cache run simulated; the warm one did not
     # Outputs of a plan served from the cache whose artefacts are not (yet) cached are rendered
