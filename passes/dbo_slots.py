@@ -37,13 +37,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from passes.manager import ModulePass, PassError, option
+from passes.manager import ModulePass, PassError
 from passes.plan_view import PlanView
 from passes.simulation.build import BuildError, BuildOptions, SimulationBuilder, dbo_budgets
 from passes.simulation.engine import simulate
 from passes.simulation.program import Program
 from tessera_ir.errors import TesseraError
 from tessera_ir.model import Module, PlanEntry, PlanOp, SymbolRef, Value
+from tessera_ir.run_settings import RunSettings
 
 OPS = ("dbo_slot", "dbo_pool")
 
@@ -55,22 +56,17 @@ class DboSlotsPass(ModulePass):
     requires = ("partition",)
     produces = ("dbo_slot", "dbo_pool")
 
-    memory_budget: float = option(0.03, "share of device memory the pool of deferred weight gradients may hold")
-
-    def check(self) -> None:
-        if not 0.0 <= self.memory_budget <= 1.0:
-            raise PassError(f"dbo-slots: memory-budget is a share of device memory in [0, 1], got {self.memory_budget}")
-
     def apply(self, module: Module) -> bool:
         if any(op.op in OPS for op in module.plan):
             raise PassError("dbo-slots: the module already holds dbo_slot/dbo_pool ops; run the pass once")
         if not module.plan_ops("partition"):
             raise PassError("dbo-slots: the module holds no partition; run the planning passes (… ,partition) first")
-        options = BuildOptions(dbo=True, dbo_memory_fraction=self.memory_budget)
+        budget = RunSettings.from_attrs(module.attrs).dbo_memory_budget  # run-wide, in the module header
+        options = BuildOptions(dbo=True, dbo_memory_fraction=budget)
         try:
             builder = SimulationBuilder(PlanView(module), options)
             inp = builder.build()
-            budgets = dbo_budgets(simulate(inp), builder.hw.memory_bytes, self.memory_budget)
+            budgets = dbo_budgets(simulate(inp), builder.hw.memory_bytes, budget)
         except (BuildError, TesseraError) as err:
             raise PassError(f"dbo-slots: {err}") from None
         keys = {id(p): k for k, p in builder.programs.items()}

@@ -76,7 +76,7 @@ def run_passes(
 def compile(  # noqa: A001
     source: Any, pipeline: str | None = None, verify: bool = True, hardware: str = DEFAULT_HARDWARE,
     layer_kinds: Any = None, ledger: str | None = None, cache: bool = True, verify_each: bool = False,
-    forks: bool | None = None, **parallel: Any
+    forks: bool | None = None, settings: dict[str, Any] | None = None, **parallel: Any
 ) -> Module:
     """Capture ``source`` and plan it for ``hardware`` (``DEFAULT_PIPELINE`` unless given).
 
@@ -86,13 +86,15 @@ def compile(  # noqa: A001
     reads and writes the compile cache unless ``cache=False``, captures in a forked child and
     verifies the planned module in a forked process where that is safe (``forks``: None, while
     this process runs one Python thread), and verifies after every pass with ``verify_each``.
-    Capture's warnings are issued as ``tessera.compiling.CompileWarning``.
+    Capture's warnings are issued as ``tessera.compiling.CompileWarning``. ``settings``: the
+    run-wide settings the passes read from the module header (``tessera_ir.run_settings``:
+    ``memory_gib``, ``reserved_gib``, ``wgrad_headroom``, ``dbo_memory_budget``, ``combined``).
     """
     from tessera.compiling import CompileRequest, start_compile
 
     request = CompileRequest.make(
         source, pipeline, hardware=hardware, layer_kinds=layer_kinds, ledger=ledger, verify=verify,
-        verify_each=verify_each, cache=cache, **parallel,
+        verify_each=verify_each, cache=cache, settings=settings, **parallel,
     )
     compilation = start_compile(request, forks=forks)
     compilation.finish()

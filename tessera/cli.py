@@ -29,6 +29,7 @@ from tessera_ir.errors import TesseraError
 from tessera_ir.model import Module
 from tessera_ir.parser import parse_module
 from tessera_ir.printer import print_module
+from tessera_ir.run_settings import set_run_settings
 
 
 def _recompute_modules(text: str) -> list[str]:
@@ -157,6 +158,33 @@ def _hardware_flag(p: argparse.ArgumentParser, default: str | None, help_text: s
     p.add_argument("--hardware", default=default, metavar="|".join(shipped_hardware()) + "|PATH.json", help=help_text)
 
 
+def _settings_flags(p: argparse.ArgumentParser) -> None:
+    """The run-wide settings (tessera_ir.run_settings): recorded in the module header, read by every
+    pass that needs them; unset, the header's value (its default when it has none)."""
+    from tessera_ir.run_settings import RunSettings
+
+    default = RunSettings()
+    group = p.add_argument_group("run-wide settings (recorded in the module header; read by every pass that needs them)")
+    group.add_argument("--memory-gib", type=float, default=None,
+                       help="device memory capacity in GiB (default: the target hardware's)")
+    group.add_argument("--reserved-gib", type=float, default=None,
+                       help="memory per device no model tensor uses: CUDA context, communication buffers "
+                            f"(default {default.reserved_gib:g})")
+    group.add_argument("--wgrad-headroom", action=argparse.BooleanOptionalAction, default=None,
+                       help="reserve one more micro-batch of activations for deferred weight gradients (default: on)")
+    group.add_argument("--dbo-memory-budget", type=float, default=None, metavar="SHARE",
+                       help="share of device memory the DBO's pool of deferred weight gradients may hold "
+                            f"(default {default.dbo_memory_budget:g})")
+    group.add_argument("--combined-1f1b", dest="combined", action=argparse.BooleanOptionalAction, default=None,
+                       help="Megatron-Core's combined-1F1B pipeline order (default: on whenever --ep > 1)")
+
+
+def _settings(args: argparse.Namespace) -> dict[str, object]:
+    """The run-wide settings the command line gives (unset ones left out)."""
+    names = ("memory_gib", "reserved_gib", "wgrad_headroom", "dbo_memory_budget", "combined")
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+
+
 # ---------------------------------------------------------------- tessera-compile
 
 
@@ -189,6 +217,7 @@ def _compile_parser() -> argparse.ArgumentParser:
                         "estimates (measured-durations first, measured-pairs after profile), and the capacity report shows "
                         "its error per kind and the pairs it re-priced")
     _hardware_flag(p, "h100", "target hardware the plan is for (default h100; cpu: this machine, calibrated once)")
+    _settings_flags(p)
     p.add_argument("--layer-kind", action="append", default=[], metavar="INDEX=KIND",
                    help="set the mixer kind of decoder layers, e.g. 3=linear_attention or 0-2,5=ssm (repeatable; "
                    "overrides recognition and LAYER_KINDS in model.py)")
@@ -328,7 +357,7 @@ def _compile(args: argparse.Namespace, run: Run) -> int:
     request = CompileRequest.make(
         args.source, "" if args.passes == "none" else args.passes, hardware=args.hardware, layer_kinds=args.layer_kind,
         ledger=args.ledger, verify=args.verify, verify_each=args.verify_each, cache=args.cache, dump_after=dump,
-        **parallel,
+        settings=_settings(args), **parallel,
     )
 
     with _noted(run, CompileCacheWarning, ScheduleCacheWarning, ProfileCacheWarning):
@@ -413,6 +442,7 @@ def _opt_parser() -> argparse.ArgumentParser:
     p.add_argument("--split-input-file", action="store_true",
                    help="run on each '// -----'-separated part of the input on its own; print the results joined alike")
     _hardware_flag(p, None, "target hardware, overriding the module's 'hardware' attribute")
+    _settings_flags(p)
     return p
 
 
@@ -444,10 +474,13 @@ def _opt(args: argparse.Namespace, run: Run) -> int:
         from tessera.api import resolve_hardware
 
         resolve_hardware(args.hardware)
+    settings = _settings(args)
+    set_run_settings({}, **settings)  # bad settings fail before reading the input
 
     def run_on(module: Module) -> PassManager:
         if args.hardware is not None:
             module.attrs["hardware"] = args.hardware
+        set_run_settings(module.attrs, **settings)
         if args.verify:
             verify(module)
         manager = PassManager(list(passes), verify_each=args.verify, dump_after=dump)

@@ -20,7 +20,8 @@ ignored with a :class:`CompileCacheWarning`):
   and given again on a hit.
 - ``plans/<key>.tir``: the IR after the whole pass pipeline, keyed by the capture key, the
   target hardware (its name and every field of its description, so an edited hardware file
-  or a new CPU calibration misses), every pass with every option (its spelling), whether the
+  or a new CPU calibration misses), the run-wide settings given (``tessera_ir.run_settings``),
+  every pass with every option (its spelling), whether the
   verifier ran between passes, the versions of the solvers the passes use, the source digest
   and the pair search's version as built. Only pipelines whose passes are pure functions of the IR and those inputs are
   cached (:func:`pipeline_cacheable`): a pass that reads a training run's ledger, pairs
@@ -156,7 +157,10 @@ def pipeline_cacheable(passes: Sequence[ModulePass]) -> bool:
     return True
 
 
-def plan_key(capture: str, hardware: str, hardware_fields: object, passes: Sequence[ModulePass], verify: bool) -> str:
+def plan_key(
+    capture: str, hardware: str, hardware_fields: object, passes: Sequence[ModulePass], verify: bool,
+    settings: dict[str, Any] | None = None,
+) -> str:
     # The search extension as built (its sources' hash compiled in), should the build lag its sources.
     from passes.scheduling.gap_fit import SCHEDULER_VERSION
 
@@ -169,6 +173,7 @@ def plan_key(capture: str, hardware: str, hardware_fields: object, passes: Seque
             "versions": package_versions(_PASS_PACKAGES),
             "hardware": [hardware, repr(hardware_fields)],
             "passes": [p.spelling() for p in passes],
+            "settings": {k: v for k, v in sorted((settings or {}).items()) if v is not None},
             "verify": verify,
         }
     )

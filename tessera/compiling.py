@@ -41,6 +41,7 @@ from tessera_ir.model import Module
 from tessera_ir.parallel import PLACEMENT_SETTINGS, ParallelConfig, ParallelConfigError
 from tessera_ir.parser import parse_module
 from tessera_ir.printer import print_module
+from tessera_ir.run_settings import set_run_settings
 
 Timings = list[tuple[str, float]]
 
@@ -69,15 +70,18 @@ class CompileRequest:
     cache: bool = True
     ledger: str | None = None
     dump_after: Callable[[ModulePass, Module], None] | None = None
+    settings: dict[str, Any] = field(default_factory=dict)  # run-wide settings for the header
 
     @classmethod
     def make(
         cls, source: Any, pipeline: str | None = None, *, hardware: str | None = None, layer_kinds: Any = None,
         ledger: str | None = None, verify: bool = True, verify_each: bool = False, cache: bool = True,
-        dump_after: Callable[[ModulePass, Module], None] | None = None, **parallel: Any,
+        dump_after: Callable[[ModulePass, Module], None] | None = None, settings: dict[str, Any] | None = None,
+        **parallel: Any,
     ) -> CompileRequest:
-        """Parse the pipeline (``DEFAULT_PIPELINE`` when None) and resolve the hardware, so a bad
-        one fails before the capture; ``cache=False`` turns the passes' own caches off too."""
+        """Parse the pipeline (``DEFAULT_PIPELINE`` when None), resolve the hardware and check the
+        run-wide ``settings`` (``tessera_ir.run_settings``), so a bad one fails before the capture;
+        ``cache=False`` turns the passes' own caches off too."""
         from passes.costs.hardware import DEFAULT_HARDWARE
         from tessera.api import DEFAULT_PIPELINE, resolve_hardware, with_ledger
 
@@ -89,8 +93,11 @@ class CompileRequest:
             passes = with_ledger(passes, ledger)
         target = DEFAULT_HARDWARE if hardware is None else hardware
         fields = resolve_hardware(target)  # cpu is calibrated here if it never was
+        given = {k: v for k, v in (settings or {}).items() if v is not None}
+        set_run_settings({}, **given)  # checks them
         return cls(
             source, text, passes, target, fields, parallel, layer_kinds, verify, verify_each, cache, ledger, dump_after,
+            given,
         )
 
     def kinds_key(self) -> list[str]:
@@ -189,7 +196,7 @@ def start_compile(
         CompileCache("plans")
         if key is not None and r.passes and r.dump_after is None and pipeline_cacheable(r.passes) else None
     )
-    plan = plan_key(key, r.hardware, r.hardware_fields, r.passes, r.verify) if plans is not None and key else ""
+    plan = plan_key(key, r.hardware, r.hardware_fields, r.passes, r.verify, r.settings) if plans is not None and key else ""
     start = time.perf_counter()
     hit = plans.get(plan) if plans is not None else None
     if hit is not None:
@@ -202,6 +209,7 @@ def start_compile(
     for message in notes:
         say(message)
     captured.attrs["hardware"] = r.hardware  # the target every pass, the report and viz read
+    set_run_settings(captured.attrs, **r.settings)  # and the run-wide settings every pass reads
     start = time.perf_counter()
     if r.verify:
         verify(captured)

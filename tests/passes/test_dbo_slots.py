@@ -64,5 +64,7 @@ def test_refusals() -> None:
     bare.plan = [op for op in bare.plan if op.op != "partition"]
     with pytest.raises(PassError, match="no partition"):
         PassManager(parse_pipeline("dbo-slots")).run(bare)
-    with pytest.raises(PassError, match="memory-budget"):
-        PassManager(parse_pipeline("dbo-slots{memory-budget=2}")).run(planned())
+    too_large = planned()
+    too_large.attrs["dbo_memory_budget"] = 2.0  # the budget is a run-wide setting in the header
+    with pytest.raises(PassError, match=r"header attribute 'dbo_memory_budget': .*share of device memory in \[0, 1\], got 2.0"):
+        PassManager(parse_pipeline("dbo-slots")).run(too_large)

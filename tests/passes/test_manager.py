@@ -123,7 +123,9 @@ def test_every_registered_pass_describes_its_options() -> None:
             assert info.help or name == "test-tag", f"option {info.name} of {name} has no help text"
     shown = {o.name: o for o in describe_options(get_pass_class("partition"))}
     assert (shown["search"].type, shown["search"].default) == ("window|global", "window")
-    assert (shown["memory-gib"].type, shown["memory-gib"].default) == ("float (optional)", "unset")
+    assert (shown["time-limit"].type, shown["time-limit"].default) == ("float", "60.0")
+    jobs = {o.name: o for o in describe_options(get_pass_class("overlap-schedule"))}["jobs"]
+    assert (jobs.type, jobs.default) == ("int (optional)", "unset")
 
 
 def test_a_bad_option_fails_before_anything_heavy_is_imported() -> None:
