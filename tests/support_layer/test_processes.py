@@ -85,11 +85,16 @@ elif kind == "process":
     child = multiprocessing.get_context("fork").Process(target=run_as_helper, args=(os.getpid(), time.sleep, 120))
     child.start()
     pid = child.pid
-else:
+elif kind == "pool":
     from support.processes import die_with_parent
 
     pool = multiprocessing.get_context("fork").Pool(1, die_with_parent, (os.getpid(),))
     pid = pool.apply(os.getpid)
+else:  # the pair executor's spawned workers (an idle one also ends on its closed pipe; a busy one on the signal)
+    from runtime.pair_executor import PairExecutor
+
+    executor = PairExecutor(world_size=2).start()
+    pid = executor._context.processes[1].pid
 print(pid, flush=True)
 time.sleep(120)
 """
@@ -119,7 +124,7 @@ def _gone_within(pid: int, seconds: float) -> bool:
     return not _alive(pid)
 
 
-@pytest.mark.parametrize("kind", ["fork_child", "fork_child, polling", "process", "pool"])
+@pytest.mark.parametrize("kind", ["fork_child", "fork_child, polling", "process", "pool", "pair executor"])
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
 def test_a_helper_dies_with_its_parent(kind: str, how: signal.Signals) -> None:
     parent = subprocess.Popen(
