@@ -323,10 +323,11 @@ def pass_costs(module: Module, memory_limited: bool = True) -> dict:
     from passes.partition import partition_to_json
 
     try:
-        partition = "partition" if memory_limited else "partition{memory-gib=1000000}"
-        pipeline = parse_pipeline(f"candidates,overlap-schedule,profile{{mode=analytic}},{partition}")
+        pipeline = parse_pipeline("candidates,overlap-schedule,profile{mode=analytic},partition")
     except Exception as err:  # noqa: BLE001 (report any missing pass)
         return {"passes_error": f"pipeline unavailable: {err}"}
+    if not memory_limited:
+        module.attrs["memory_gib"] = 1e6  # a run-wide setting, in the header
     t = time.perf_counter()
     PassManager(pipeline, verify_each=False).run(module)
     out = partition_to_json(module)

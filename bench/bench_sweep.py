@@ -89,7 +89,8 @@ def one_layer_pairs(module: Module) -> dict[str, float]:
 def partition_ratio(module: Module) -> dict[str, object]:
     """Balanced over overlap-aware bottleneck with the planning pipeline, memory unlimited."""
     start = time.perf_counter()
-    run_passes(module, "candidates,overlap-schedule,profile,partition{memory-gib=1000000}", verify=False)
+    module.attrs["memory_gib"] = 1e6  # a run-wide setting, in the header
+    run_passes(module, "candidates,overlap-schedule,profile,partition", verify=False)
     view = PlanView(module)
     part = view.partition
     assert part is not None

@@ -56,6 +56,7 @@ from tessera_ir.model import Module, PlanOp, SymbolRef
 class CandidatesPass(ModulePass):
     name = "candidates"
     summary = "Emit contiguous layer-range candidates per virtual stage and the forward/backward pairs that meet."
+    produces = ("candidate", "pair")
 
     window: int = option(2, "layers each stage boundary may move either way from the serially balanced partition")
     search: Literal["window", "global"] = option("window", "global: every range any stage could hold, pruned by a bound")

@@ -29,9 +29,10 @@ program's post-overlap timeline (``passes.simulation.slots``):
   iteration of the static plan under balanced routing (``passes.simulation``), the idle after
   its last step and gradient reduction until the iteration ends (``tail_us``), and the pool's
   memory budget: by default the device's headroom, device memory less the stage's static peak
-  less ``memory-margin`` × device memory (5%: allocator fragmentation and communication buffers
-  the memory model does not count); ``memory-budget=<share>`` overrides it with that share of
-  device memory, within what the static plan leaves free.
+  less the margin × device memory (the run-wide setting ``dbo_memory_margin``, 5% by default:
+  allocator fragmentation and communication buffers the memory model does not count); the
+  run-wide setting ``dbo_memory_budget`` (``--dbo-memory-budget``, in the module header) set to a
+  share of device memory overrides it, within what the static plan leaves free.
 
 The steps follow the combined-1F1B order (``passes.pipelining.order``) the simulator and the
 per-rank programs use.
@@ -40,16 +41,15 @@ per-rank programs use.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
-from passes.manager import ModulePass, PassError, option
+from passes.manager import ModulePass, PassError
 from passes.plan_view import PlanView
 from passes.simulation.build import BuildError, BuildOptions, SimulationBuilder, dbo_budgets, static_tails
 from passes.simulation.engine import simulate
 from passes.simulation.program import Program
-from passes.simulation.slots import POOL_MARGIN
 from tessera_ir.errors import TesseraError
 from tessera_ir.model import Module, PlanEntry, PlanOp, SymbolRef, Value
+from tessera_ir.run_settings import RunSettings
 
 OPS = ("dbo_slot", "dbo_pool")
 
@@ -58,31 +58,22 @@ OPS = ("dbo_slot", "dbo_pool")
 class DboSlotsPass(ModulePass):
     name = "dbo-slots"
     summary = "Annotate the plan with DBO slots (where compute can wait) and the pool of deferrable weight gradients."
-
-    memory_budget: float | Literal["headroom"] = option(
-        "headroom", "what the pool of deferred weight gradients may hold: 'headroom' (device memory less the stage's "
-        "static peak and the margin) or a share of device memory in [0, 1]"
-    )
-    memory_margin: float = option(POOL_MARGIN, "share of device memory the headroom budget leaves free beside the static peak")
-
-    def check(self) -> None:
-        if self.memory_budget != "headroom" and not 0.0 <= self.memory_budget <= 1.0:
-            raise PassError(f"dbo-slots: memory-budget is a share of device memory in [0, 1], got {self.memory_budget}")
-        if not 0.0 <= self.memory_margin < 1.0:
-            raise PassError(f"dbo-slots: memory-margin is a share of device memory in [0, 1), got {self.memory_margin}")
+    requires = ("partition",)
+    produces = ("dbo_slot", "dbo_pool")
 
     def apply(self, module: Module) -> bool:
         if any(op.op in OPS for op in module.plan):
             raise PassError("dbo-slots: the module already holds dbo_slot/dbo_pool ops; run the pass once")
         if not module.plan_ops("partition"):
             raise PassError("dbo-slots: the module holds no partition; run the planning passes (… ,partition) first")
-        share = None if self.memory_budget == "headroom" else float(self.memory_budget)
+        settings = RunSettings.from_attrs(module.attrs)  # run-wide, in the module header
+        share = None if settings.dbo_memory_budget == "headroom" else float(settings.dbo_memory_budget)
         options = BuildOptions(dbo=True, dbo_memory_fraction=share)
         try:
             builder = SimulationBuilder(PlanView(module), options)
             inp = builder.build()
             static = simulate(inp)
-            budgets = dbo_budgets(static, builder.hw.memory_bytes, share, self.memory_margin)
+            budgets = dbo_budgets(static, builder.hw.memory_bytes, share, settings.dbo_memory_margin)
             tails = static_tails(static)
         except (BuildError, TesseraError) as err:
             raise PassError(f"dbo-slots: {err}") from None

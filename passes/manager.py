@@ -18,18 +18,17 @@ the pass that failed and the ones that ran before it.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import importlib
 import time
 import types
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, ClassVar, Literal, Union, get_args, get_origin, get_type_hints
 
+from support.collector import frozen_heap
 from tessera_ir.errors import TesseraError
 from tessera_ir.model import Module
 
@@ -52,6 +51,11 @@ class ModulePass(ABC):
 
     name: ClassVar[str]
     summary: ClassVar[str]
+    # The plan op kinds the pass reads and those it adds (as torch.fx pass infra's requires and
+    # ensures): a pipeline is refused, before any pass runs, when a pass needs a kind that neither
+    # the module holds nor a pass before it makes (check_pipeline).
+    requires: ClassVar[tuple[str, ...]] = ()
+    produces: ClassVar[tuple[str, ...]] = ()
 
     def __post_init__(self) -> None:
         hints = _option_types(type(self))
@@ -261,8 +265,13 @@ def _pipeline_parser() -> Any:
     return Lark(PIPELINE_GRAMMAR, start="pipeline", parser="lalr")
 
 
-def parse_pipeline(spec: str) -> list[ModulePass]:
-    """Parse ``a,b{opt=v other=w}`` into pass instances, every option converted and checked."""
+def parse_pipeline(spec: str, available: Iterable[str] | None = None) -> list[ModulePass]:
+    """Parse ``a,b{opt=v other=w}`` into pass instances, every option converted and checked.
+
+    ``available``: the plan op kinds the module it will run on holds (none, for a module just
+    captured), when known now: a pass that needs ops no pass before it makes is then refused
+    here (:func:`check_pipeline`); otherwise the pass manager checks that before its first pass.
+    """
     from lark import Token, Tree
     from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
@@ -295,7 +304,32 @@ def parse_pipeline(spec: str) -> list[ModulePass]:
                     raise PassError(f"pass '{name}' sets option '{key}' twice in pipeline '{spec}'")
                 options[str(key)] = value[1:-1] if value.type == "STRING" else str(value)
         passes.append(instantiate_pass(name, options))
+    if available is not None:
+        check_pipeline(passes, available, spec)
     return passes
+
+
+def check_pipeline(passes: Sequence[ModulePass], available: Iterable[str], spec: str | None = None) -> None:
+    """Refuse ``passes`` when one of them needs a plan op kind (its ``requires``) that neither the
+    module (holding the kinds ``available``) nor a pass before it (their ``produces``) provides;
+    the error names the pass, the missing kind and the pass that makes it."""
+    have = set(available)
+    for k, p in enumerate(passes):
+        missing = [kind for kind in p.requires if kind not in have]
+        if missing:
+            kind = missing[0]
+            later = [q.name for q in passes[k + 1:] if kind in q.produces]
+            if later:
+                fix = f"'{later[0]}' makes them, but runs after it here: move '{later[0]}' before '{p.name}'"
+            else:
+                makers = [n for n in sorted(PASS_REGISTRY) if kind in get_pass_class(n).produces]
+                fix = f"run {' or '.join(repr(n) for n in makers) or 'the planning passes'} before it"
+            text = spec if spec is not None else ",".join(q.spelling() for q in passes)
+            raise PassError(
+                f"pipeline '{text}': pass '{p.name}' needs the plan's '{kind}' ops, but the module holds no {kind} op "
+                f"and no pass before it makes one; {fix}"
+            )
+        have.update(p.produces)
 
 
 # ---------------------------------------------------------------------------- running
@@ -360,27 +394,6 @@ def note_time(label: str, seconds: float) -> None:
         parts.append((label, seconds))
 
 
-@contextmanager
-def frozen_heap() -> Iterator[None]:
-    """Keep the objects that exist now out of the garbage collector's way meanwhile.
-
-    Passes allocate many small objects, so the collector runs often, and each full
-    collection walks the whole heap: with a captured model (and torch) loaded that made
-    scheduling a third slower, and in forked workers it also copies every inherited page.
-    Frozen objects (the permanent generation) are skipped; they are live anyway, and are
-    unfrozen afterwards. Does nothing when the caller froze objects already, so as not to
-    unfreeze theirs.
-    """
-    if gc.get_freeze_count():
-        yield
-        return
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-
-
 @dataclass
 class PassManager:
     """Runs passes in order on a module.
@@ -402,6 +415,7 @@ class PassManager:
     def run(self, module: Module) -> Module:
         from tessera_ir.verifier import verify
 
+        check_pipeline(self.passes, {op.op for op in module.plan})
         ran: list[str] = []
         unfinished: list[_Unfinished] = []
         owners: list[int] = []  # for each unfinished work, the index of the pass that left it

@@ -26,6 +26,7 @@ from tessera_ir.model import Module
 class MeasuredPairsPass(ModulePass):
     name = "measured-pairs"
     summary = "Re-price the forward/backward pairs a training run measured (its prediction ledger) with their observed cost."
+    requires = ("pair",)
 
     ledger: str | None = option(None, "the run's prediction ledger (JSON lines, runtime.ledger)")
 

@@ -128,6 +128,8 @@ def check_plan_schedules(module: Module) -> int:
 class OverlapSchedulePass(ModulePass):
     name = "overlap-schedule"
     summary = "Schedule every forward/backward pair on the compute and comm streams (backbone-first gap fit)."
+    requires = ("pair",)
+    produces = ("pair_schedule",)
 
     method: Method = option("gap-fit", "scheduler: backbone-first gap fit, the two baselines, or the exact solver")
     verify: bool | Literal["new", "sample"] = option(

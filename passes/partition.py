@@ -36,40 +36,38 @@ from passes.partitioning.stages import check_decoder_order
 from passes.plan_view import PlanView
 from tessera_ir.errors import TesseraError
 from tessera_ir.model import Module, SymbolRef
+from tessera_ir.run_settings import RunSettings
 
 
 @dataclass(frozen=True)
 class PartitionPass(ModulePass):
     name = "partition"
     summary = "Pick one candidate per virtual stage minimising the worst post-overlap pair cost (MILP)."
+    requires = ("candidate",)
+    produces = ("partition",)
 
     search: Literal["window", "global"] = option("window", "window: the candidates marked in_window; global: all of them")
     solver: Literal["cbc", "highs"] = option("cbc", "the MILP solver")
     time_limit: float = option(60.0, "seconds per MILP solve")
-    memory_gib: float | None = option(None, "device memory capacity in GiB (unset: the target hardware's)")
-    wgrad_headroom: bool = option(True, "reserve one more micro-batch of activations for deferred wgrad")
-    reserved_gib: float = option(4.0, "memory per device no model tensor uses (CUDA context, comm buffers)")
 
     def check(self) -> None:
         if self.time_limit <= 0:
             raise PassError(f"partition: time-limit must be positive, got {self.time_limit}")
-        if self.memory_gib is not None and self.memory_gib <= 0:
-            raise PassError(f"partition: memory-gib must be positive, got {self.memory_gib}")
-        if self.reserved_gib < 0:
-            raise PassError(f"partition: reserved-gib must be >= 0, got {self.reserved_gib}")
 
-    def settings(self) -> PartitionSettings:
-        return PartitionSettings(self.search, self.solver, self.time_limit, self.wgrad_headroom, self.reserved_gib)
+    def settings(self, run: RunSettings) -> PartitionSettings:
+        """The search settings, with the memory reservations the module header sets (``run``)."""
+        return PartitionSettings(self.search, self.solver, self.time_limit, run.wgrad_headroom, run.reserved_gib)
 
     def apply(self, module: Module) -> bool:
         if module.plan_ops("partition"):
             raise PassError("partition: the module already holds a partition op")
         check_decoder_order(module)
         view = PlanView(module)
-        capacity = self.memory_gib if self.memory_gib is not None else view.hardware.memory_gib
+        run = RunSettings.from_attrs(module.attrs)  # memory capacity and reservations: run-wide, in the header
+        capacity = run.memory_gib if run.memory_gib is not None else view.hardware.memory_gib
         try:
             op = choose_partition(
-                module, view.parallel, view.candidate_table(), view.duration, capacity, self.settings(), note_time
+                module, view.parallel, view.candidate_table(), view.duration, capacity, self.settings(run), note_time
             )
         except TesseraError as err:
             raise PassError(f"partition: {err}") from None

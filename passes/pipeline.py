@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from passes.manager import ModulePass, PassError, option
+from passes.manager import ModulePass, PassError
 from passes.pipelining.lowering import Lowering, SlotFigures, SlotTable, Stage, deferral_bytes
 from passes.plan_view import PlanView
 from tessera_ir.errors import TesseraError
@@ -48,11 +48,8 @@ from tessera_ir.programs import PIPELINE_OP, PROGRAM_OP, program_op
 class PipelinePass(ModulePass):
     name = "pipeline"
     summary = "Lower the planned module into one program per pipeline rank (interleaved 1F1B), checked for deadlock."
-
-    combined: bool | None = option(
-        None, "Megatron-Core's combined-1F1B order: one more warm-up forward (at vpp = 1, 2(pp-r-1)+1), so that every "
-        "steady-state pair overlaps (unset: the plan's order, combined whenever ep > 1)"
-    )
+    requires = ("partition",)
+    produces = ("pipeline", "program")
 
     def apply(self, module: Module) -> bool:
         if any(op.op in (PIPELINE_OP, PROGRAM_OP) for op in module.plan):
@@ -64,8 +61,8 @@ class PipelinePass(ModulePass):
             if partition is None:
                 raise PassError("the module holds no partition; run the planning passes (..., partition) first")
             stages = [Stage(cand.name, cand.layers) for cand in partition.stages]
-            # The pairs were planned in the module's order; lower in that order unless told otherwise.
-            combined = view.parallel.combined_1f1b if self.combined is None else self.combined
+            # The pairs were planned in the module's order (a run-wide setting in its header): lower in it.
+            combined = view.parallel.combined_1f1b
             programs = Lowering(module, stages, view.chunk_schedule, view.duration, combined, slots).programs()
         except TesseraError as err:
             raise PassError(f"pipeline: {err}") from None

@@ -72,11 +72,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from passes.costs.contention import ContentionParams, retime
-from passes.costs.hardware import Hardware, load_hardware
+from passes.costs.hardware import Hardware
 from passes.costs.pair_costs import ScheduledTask, contended_tasks, retime_key
-from passes.costs.profile_cache import CacheEntry, ProfileCache, cache_key, resolve_cache_dir, software_versions
+from passes.costs.profile_cache import CacheEntry, ProfileCache, cache_key, software_versions
 from passes.manager import ModulePass, PassError, option
 from passes.plan_view import Pair, PlanView
+from support.disk_cache import resolve_cache_dir
 from tessera_ir.errors import TesseraError
 from tessera_ir.model import Module
 
@@ -113,6 +114,7 @@ def _percentile(values: list[float], q: float) -> float:
 class ProfilePass(ModulePass):
     name = "profile"
     summary = "Attach a post-overlap cost (analytic with contention, measured, or cached) to every pair."
+    requires = ("pair",)
 
     mode: Literal["analytic", "measured", "cache-only"] = option("analytic", "how pairs are costed")
     repeats: int = option(5, "measured: timed repeats per pair")
@@ -293,11 +295,12 @@ class ProfilePass(ModulePass):
         if self.device == "cuda":
             return target.hardware
         from passes.costs.calibrate_cpu import cpu_hardware
-        from passes.costs.calibration_cache import calibration_path
+        from passes.costs.calibration_cache import calibration_path, read_calibration
 
+        cached = read_calibration(cache_root, executor.world_size, executor.threads_per_rank, self.statistic)
+        if cached is not None:
+            return cached
         path = calibration_path(cache_root, executor.world_size, executor.threads_per_rank, self.statistic)
-        if path.is_file():
-            return load_hardware(path)
         if self.mode == "cache-only":
             raise ProfileError(
                 f"profile{{mode=cache-only}}: the local CPU has not been calibrated yet (no {path}); "

@@ -48,6 +48,7 @@ from passes.scheduling.exact import exact
 from passes.scheduling.schedule import EPS, PairSchedule, schedule_op
 from tessera_ir.errors import TesseraError
 from tessera_ir.model import Module, PlanOp, SymbolRef, Value
+from tessera_ir.run_settings import RunSettings
 
 # Plan ops derived from the partition, which a re-partition would leave stale.
 LATER_OPS = ("dbo_slot", "dbo_pool", "program")
@@ -57,12 +58,11 @@ LATER_OPS = ("dbo_slot", "dbo_pool", "program")
 class RefineBottleneckPass(ModulePass):
     name = "refine-bottleneck"
     summary = "Re-schedule with CP-SAT the pairs that set each device's worst cost; re-partition if a cost changed."
+    requires = ("partition", "pair_schedule")
 
     time_limit: float = option(10.0, "CP-SAT deterministic seconds per refined pair")
     near: float = option(0.0, "also refine pairs within this fraction of their device's worst cost (0: only the worst)")
     rounds: int = option(3, "refine, re-partition and refine the new bottleneck pairs at most this many times")
-    wgrad_headroom: bool = option(True, "re-partition: as the partition pass's wgrad-headroom")
-    reserved_gib: float = option(4.0, "re-partition: as the partition pass's reserved-gib")
     partition_time_limit: float = option(60.0, "re-partition: as the partition pass's time-limit (seconds per MILP)")
 
     def check(self) -> None:
@@ -72,8 +72,6 @@ class RefineBottleneckPass(ModulePass):
             raise PassError(f"refine-bottleneck: near is a fraction in [0, 1), got {self.near}")
         if self.rounds < 1:
             raise PassError(f"refine-bottleneck: rounds must be at least 1, got {self.rounds}")
-        if self.reserved_gib < 0:
-            raise PassError(f"refine-bottleneck: reserved-gib must be >= 0, got {self.reserved_gib}")
         if self.partition_time_limit <= 0:
             raise PassError(f"refine-bottleneck: partition-time-limit must be positive, got {self.partition_time_limit}")
 
@@ -211,13 +209,15 @@ class RefineBottleneckPass(ModulePass):
         return better
 
     def _settings(self, op: PlanOp, view: PlanView) -> tuple[PartitionSettings, float]:
-        """The partition's search settings and capacity (GiB), as the partition op records them."""
+        """The partition's search settings and capacity (GiB), as the partition op records them, with
+        the memory reservations the module header sets (the partition planned with the same)."""
         capacity = op.attrs.get("memory_capacity_bytes")
+        run = RunSettings.from_attrs(view.module.attrs)
         settings = PartitionSettings(
             search=str(op.attrs.get("search", "window")),
             solver=str(op.attrs.get("solver", "cbc")),
             time_limit=self.partition_time_limit,
-            wgrad_headroom=self.wgrad_headroom,
-            reserved_gib=self.reserved_gib,
+            wgrad_headroom=run.wgrad_headroom,
+            reserved_gib=run.reserved_gib,
         )
         return settings, capacity / GIB if isinstance(capacity, int) else view.hardware.memory_gib

@@ -48,13 +48,14 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from passes.manager import ModulePass, PassError, option
+from passes.manager import ModulePass, PassError
 from passes.partitioning.memory import GIB, MemoryAssumptions, build_memory_spec, output_gradient_bytes
 from passes.plan_view import PlanView
 from passes.scheduling.pair_dag import BWD, PairDAG, side_tasks
 from passes.scheduling.schedule import heads, left_shift
 from tessera_ir.kinds import Phase
 from tessera_ir.model import Module
+from tessera_ir.run_settings import RunSettings
 
 # Deadlines are written rounded *up* to this many µs, so rounding never makes one unreachable.
 RESOLUTION_US = 1e-3
@@ -64,16 +65,7 @@ RESOLUTION_US = 1e-3
 class WgradDeadlinesPass(ModulePass):
     name = "wgrad-deadlines"
     summary = "Give weight gradients an intra-pair deadline where the device's memory cannot hold their output gradients."
-
-    memory_gib: float | None = option(None, "device memory capacity in GiB (unset: the target hardware's)")
-    wgrad_headroom: bool = option(True, "as partition's: one more micro-batch of activations reserved for deferred wgrad")
-    reserved_gib: float = option(4.0, "as partition's: memory per device no model tensor uses")
-
-    def check(self) -> None:
-        if self.memory_gib is not None and self.memory_gib <= 0:
-            raise PassError(f"wgrad-deadlines: memory-gib must be positive, got {self.memory_gib}")
-        if self.reserved_gib < 0:
-            raise PassError(f"wgrad-deadlines: reserved-gib must be >= 0, got {self.reserved_gib}")
+    requires = ("candidate",)
 
     def apply(self, module: Module) -> bool:
         view = PlanView(module)
@@ -118,9 +110,10 @@ class WgradDeadlinesPass(ModulePass):
         largest candidate, and (with ``wgrad-headroom``) the headroom the partition reserves at
         least: one micro-batch of the activations of the device's smallest choice of chunks."""
         p = view.parallel
-        capacity = self.memory_gib if self.memory_gib is not None else view.hardware.memory_gib
+        run = RunSettings.from_attrs(view.module.attrs)  # the memory the partition will plan with
+        capacity = run.memory_gib if run.memory_gib is not None else view.hardware.memory_gib
         spec = build_memory_spec(
-            view.module, p, capacity, MemoryAssumptions(wgrad_headroom=False, reserved_gib=self.reserved_gib)
+            view.module, p, capacity, MemoryAssumptions(wgrad_headroom=False, reserved_gib=run.reserved_gib)
         )
         ranges: dict[int, list[tuple[int, int]]] = {}
         for cand in view.candidates:
@@ -131,9 +124,9 @@ class WgradDeadlinesPass(ModulePass):
             static = sum(max(spec.static(s, r) for r in ranges[s]) for s in stages)
             act = [max(spec.activation(s, r) for r in ranges[s]) for s in stages]
             held = max((sum(n * a for n, a in zip(v, act)) for v in spec.vectors[device]), default=0)
-            left = int(capacity * GIB) - int(self.reserved_gib * GIB) - static - held
+            left = int(capacity * GIB) - int(run.reserved_gib * GIB) - static - held
             headroom = max((min(spec.activation(s, r) for r in ranges[s]) for s in stages), default=0)
-            out.append(max(left, headroom if self.wgrad_headroom else 0))
+            out.append(max(left, headroom if run.wgrad_headroom else 0))
         return out
 
 

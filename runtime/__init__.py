@@ -16,8 +16,6 @@ where it was never built: a GPU host that only measures pairs.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import os
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -25,28 +23,17 @@ from typing import TYPE_CHECKING
 from runtime.bytecode import FORMAT_VERSION, Collective, Group, Op, Payload, Stream, plan_bytes
 from runtime.errors import REASONS, PlanError
 from runtime.reference import COUNTER_NAMES, ActionKind
-
-
-def _load_core() -> ModuleType:
-    # TESSERA_RUNTIME_EXTENSION names another build of the extension (the sanitizer
-    # build `make test` runs the runtime tests against); normally the package's own.
-    override = os.environ.get("TESSERA_RUNTIME_EXTENSION")
-    if not override:
-        # Not ``from runtime import _core``: that asks this module's __getattr__ first.
-        return importlib.import_module("runtime._core")
-    spec = importlib.util.spec_from_file_location("runtime._core", override)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"TESSERA_RUNTIME_EXTENSION={override} is not a loadable extension module")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from support.extensions import load_extension
 
 
 def _extension() -> ModuleType:
     """The C++ extension, loaded the first time anything asks for it."""
     core = globals().get("_core")
     if core is None:
-        core = _load_core()
+        # TESSERA_RUNTIME_EXTENSION names another build of it (the sanitizer build `make test`
+        # runs the runtime tests against). Not ``from runtime import _core``: that asks this
+        # module's __getattr__ first.
+        core = load_extension("runtime._core", "TESSERA_RUNTIME_EXTENSION")
         globals()["_core"] = core
     return core
 

@@ -49,6 +49,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from support.processes import die_with_parent
+
 COMPUTE = "compute"
 COMM = "comm"
 
@@ -406,7 +408,10 @@ def _measure_in_rank(
     return samples, per_task, per_end, readings
 
 
-def _worker(rank: int, world: int, init_file: str, conns: list, threads: int, device_kind: str, timeout_s: float) -> None:
+def _worker(
+    rank: int, parent: int, world: int, init_file: str, conns: list, threads: int, device_kind: str, timeout_s: float
+) -> None:
+    die_with_parent(parent)  # a measuring run killed meanwhile leaves no worker holding its device
     conn = conns[rank]
     try:
         torch.set_num_threads(threads)
@@ -523,7 +528,7 @@ class PairExecutor:
         child_ends = [p[1] for p in pairs]
         self._context = mp.start_processes(
             _worker,
-            args=(self.world_size, init_file, child_ends, self.threads_per_rank, self.device, self.timeout_s),
+            args=(os.getpid(), self.world_size, init_file, child_ends, self.threads_per_rank, self.device, self.timeout_s),
             nprocs=self.world_size,
             join=False,
             start_method="spawn",

@@ -75,26 +75,30 @@ def run_passes(
 
 def compile(  # noqa: A001
     source: Any, pipeline: str | None = None, verify: bool = True, hardware: str = DEFAULT_HARDWARE,
-    layer_kinds: Any = None, ledger: str | None = None, **parallel: Any
+    layer_kinds: Any = None, ledger: str | None = None, cache: bool = True, verify_each: bool = False,
+    forks: bool | None = None, settings: dict[str, Any] | None = None, **parallel: Any
 ) -> Module:
     """Capture ``source`` and plan it for ``hardware`` (``DEFAULT_PIPELINE`` unless given).
 
     ``layer_kinds`` sets mixer kinds by layer, as in ``capture``; ``ledger``: a training
     run's prediction ledger whose measurements replace the estimates (``with_ledger``).
+    The compile runs on the one driver ``tessera-compile`` runs on (``tessera.compiling``): it
+    reads and writes the compile cache unless ``cache=False``, captures in a forked child and
+    verifies the planned module in a forked process where that is safe (``forks``: None, while
+    this process runs one Python thread), and verifies after every pass with ``verify_each``.
+    Capture's warnings are issued as ``tessera.compiling.CompileWarning``. ``settings``: the
+    run-wide settings the passes read from the module header (``tessera_ir.run_settings``:
+    ``memory_gib``, ``reserved_gib``, ``wgrad_headroom``, ``dbo_memory_budget``, ``dbo_memory_margin``, ``combined``).
     """
-    from tessera_ir.verifier import verify as verify_module
+    from tessera.compiling import CompileRequest, start_compile
 
-    text = DEFAULT_PIPELINE if pipeline is None else pipeline
-    passes = parse_pipeline(text) if text.strip() else []  # a bad pipeline fails before the capture
-    if ledger is not None:
-        passes = with_ledger(passes, ledger)
-    resolve_hardware(hardware)
-    module = capture(source, layer_kinds=layer_kinds, **parallel)
-    module.attrs["hardware"] = hardware
-    if verify:
-        verify_module(module)
-    run_passes(module, passes, verify=verify)
-    return module
+    request = CompileRequest.make(
+        source, pipeline, hardware=hardware, layer_kinds=layer_kinds, ledger=ledger, verify=verify,
+        verify_each=verify_each, cache=cache, settings=settings, **parallel,
+    )
+    compilation = start_compile(request, forks=forks)
+    compilation.finish()
+    return compilation.module()
 
 
 def with_ledger(passes: list[ModulePass], ledger: str) -> list[ModulePass]:

@@ -33,7 +33,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from tessera_ir.beside import child_answer, fork_child
+from support.processes import child_answer, fork_child
 from tessera_ir.errors import TesseraError
 
 T = TypeVar("T")

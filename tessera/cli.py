@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import dataclasses
-import gc
 import json
 import sys
 import time
@@ -19,28 +17,20 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
-from passes.manager import PASS_REGISTRY, ModulePass, PassManager, get_pass_class, without_cache
+from passes.costs.profile_cache import ProfileCacheWarning
+from passes.manager import PASS_REGISTRY, ModulePass, PassManager, get_pass_class
 from passes.scheduling.cache import ScheduleCacheWarning
 from passes.simulation.routing import DEFAULT_ZIPF_S, ROUTING_KINDS, RoutingSpec
-from tessera.compile_cache import (
-    CompileCache,
-    CompileCacheWarning,
-    RenderedOutputs,
-    capture_key,
-    file_digest,
-    pipeline_cacheable,
-    plan_key,
-)
+from tessera.compile_cache import CompileCache, CompileCacheWarning, RenderedOutputs, file_digest
 from tessera.driver import EXIT_USER_ERROR, Run, run_executable, run_tool, tool_parser
 from tessera.io import check_input_name
 from tessera_ir.errors import TesseraError
-from tessera_ir.kinds import LayerRole
 from tessera_ir.model import Module
-from tessera_ir.parallel import PLACEMENT_SETTINGS, ParallelConfig, ParallelConfigError
 from tessera_ir.parser import parse_module
 from tessera_ir.printer import print_module
+from tessera_ir.run_settings import set_run_settings
 
 
 def _recompute_modules(text: str) -> list[str]:
@@ -169,6 +159,46 @@ def _hardware_flag(p: argparse.ArgumentParser, default: str | None, help_text: s
     p.add_argument("--hardware", default=default, metavar="|".join(shipped_hardware()) + "|PATH.json", help=help_text)
 
 
+def _settings_flags(p: argparse.ArgumentParser) -> None:
+    """The run-wide settings (tessera_ir.run_settings): recorded in the module header, read by every
+    pass that needs them; unset, the header's value (its default when it has none)."""
+    from tessera_ir.run_settings import RunSettings
+
+    default = RunSettings()
+    group = p.add_argument_group("run-wide settings (recorded in the module header; read by every pass that needs them)")
+    group.add_argument("--memory-gib", type=float, default=None,
+                       help="device memory capacity in GiB (default: the target hardware's)")
+    group.add_argument("--reserved-gib", type=float, default=None,
+                       help="memory per device no model tensor uses: CUDA context, communication buffers "
+                            f"(default {default.reserved_gib:g})")
+    group.add_argument("--wgrad-headroom", action=argparse.BooleanOptionalAction, default=None,
+                       help="reserve one more micro-batch of activations for deferred weight gradients (default: on)")
+    group.add_argument("--dbo-memory-budget", type=_dbo_budget, default=None, metavar="headroom|SHARE",
+                       help="what the DBO's pool of deferred weight gradients may hold: 'headroom' (device memory "
+                            "less the stage's static peak and --dbo-memory-margin) or a share of device memory "
+                            f"in [0, 1] (default {default.dbo_memory_budget})")
+    group.add_argument("--dbo-memory-margin", type=float, default=None, metavar="SHARE",
+                       help="share of device memory the headroom budget leaves free beside the static peak "
+                            f"(default {default.dbo_memory_margin:g})")
+    group.add_argument("--combined-1f1b", dest="combined", action=argparse.BooleanOptionalAction, default=None,
+                       help="Megatron-Core's combined-1F1B pipeline order (default: on whenever --ep > 1)")
+
+
+def _dbo_budget(text: str) -> float | str:
+    if text == "headroom":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'headroom' or a share of device memory in [0, 1], got '{text}'") from None
+
+
+def _settings(args: argparse.Namespace) -> dict[str, object]:
+    """The run-wide settings the command line gives (unset ones left out)."""
+    names = ("memory_gib", "reserved_gib", "wgrad_headroom", "dbo_memory_budget", "dbo_memory_margin", "combined")
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+
+
 # ---------------------------------------------------------------- tessera-compile
 
 
@@ -201,6 +231,7 @@ def _compile_parser() -> argparse.ArgumentParser:
                         "estimates (measured-durations first, measured-pairs after profile), and the capacity report shows "
                         "its error per kind and the pairs it re-priced")
     _hardware_flag(p, "h100", "target hardware the plan is for (default h100; cpu: this machine, calibrated once)")
+    _settings_flags(p)
     p.add_argument("--layer-kind", action="append", default=[], metavar="INDEX=KIND",
                    help="set the mixer kind of decoder layers, e.g. 3=linear_attention or 0-2,5=ssm (repeatable; "
                    "overrides recognition and LAYER_KINDS in model.py)")
@@ -306,97 +337,6 @@ def _noted(run: Run, *categories: type[Warning]) -> Iterator[None]:
             warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
 
 
-def _with_placement(module: Module, parallel: dict[str, Any]) -> None:
-    """Set the placement settings given (``PLACEMENT_SETTINGS``) on a cached capture's header,
-    which holds the source's own suggestion for them, and check the whole setting as capture
-    checks it: the capture this compile would have made."""
-    given = {k: v for k, v in parallel.items() if k in PLACEMENT_SETTINGS and v is not None}
-    p = ParallelConfig.from_attrs({**module.attrs, **given})  # raises what capture would
-    problem = p.stages_problem(sum(1 for layer in module.layers if layer.role == LayerRole.DECODER))
-    if problem is not None:
-        raise ParallelConfigError(problem)
-    module.attrs.update(p.to_attrs())
-
-
-def _suggested_header(module: Module, suggested: dict[str, Any]) -> str:
-    """``module`` printed with the placement settings the source suggests (ParallelConfig's
-    defaults where it suggests none), as the capture cache keeps it."""
-    defaults = ParallelConfig().to_attrs()
-    header = {**module.attrs, **{k: suggested.get(k, defaults[k]) for k in PLACEMENT_SETTINGS}}
-    return print_module(dataclasses.replace(module, attrs=header))
-
-
-def _capture_here(
-    args: argparse.Namespace, parallel: dict[str, Any]
-) -> tuple[Module, dict[str, Any], list[str]]:
-    """Capture ``args.source`` in this process: the module, the settings the source suggests, and
-    capture's warnings (other warnings are shown as they come)."""
-    from frontend.errors import CaptureWarning
-    from tessera.api import capture
-
-    suggested: dict[str, Any] = {}
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", CaptureWarning)
-        module = capture(args.source, layer_kinds=args.layer_kind, suggested=suggested, **parallel)
-    notes = []
-    for warning in caught:
-        if issubclass(warning.category, CaptureWarning):
-            notes.append(str(warning.message))
-        else:
-            warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
-    return module, suggested, notes
-
-
-def _captured(
-    args: argparse.Namespace, run: Run, key: str | None, parallel: dict[str, Any], timings: list[tuple[str, float]]
-) -> tuple[Module, list[str]]:
-    """The captured module, from the capture cache when it holds ``key`` (a placement-blind
-    capture key); and capture's warnings."""
-    start = time.perf_counter()
-    cache = CompileCache("captures") if key is not None else None
-    hit = cache.get(key) if cache is not None and key is not None else None
-    if hit is not None:
-        module = parse_module(hit.text, source=f"<captured {args.source}, from the compile cache>")
-        _with_placement(module, parallel)
-        notes = hit.warnings
-        timings.append(("capture (from the compile cache)", time.perf_counter() - start))
-    else:
-        from tessera.child_capture import in_child
-
-        module, suggested, notes = in_child(lambda: _capture_here(args, parallel))
-        timings.append(("capture", time.perf_counter() - start))
-        if cache is not None and key is not None:
-            start = time.perf_counter()
-            cache.put(key, _suggested_header(module, suggested), notes)
-            timings.append(("capture cache write", time.perf_counter() - start))
-    for note in notes:
-        run.note(f"warning: {note}")
-    return module, notes
-
-
-def _parsed_later(
-    text: str | None, source: str, timings: list[tuple[str, float]], module: Module | None = None
-) -> Callable[[], Module]:
-    """The planned module: ``module``, or ``text`` parsed the first time something needs it."""
-    parsed: list[Module] = [] if module is None else [module]
-
-    def get() -> Module:
-        if not parsed:
-            assert text is not None
-            start = time.perf_counter()
-            was_enabled = gc.isenabled()
-            gc.disable()  # an acyclic tree of a million objects: the collector finds nothing (Run.parse_ir)
-            try:
-                parsed.append(parse_module(text, source=f"<planned {source}, from the compile cache>"))
-            finally:
-                if was_enabled:
-                    gc.enable()
-            timings.append(("parse the cached plan", time.perf_counter() - start))
-        return parsed[0]
-
-    return get
-
-
 def _compile_paths(args: argparse.Namespace, run: Run) -> None:
     """Refuse, before any work, an output of tessera-compile that names one of its inputs or
     another output (``tessera-compile m.py -o m.py``)."""
@@ -431,11 +371,11 @@ def _hardware_file(hardware: str | None) -> str | None:
 
 
 def _compile(args: argparse.Namespace, run: Run) -> int:
-    # Nothing here imports torch or transformers: a compile served from the cache never does.
-    from passes.manager import parse_pipeline
-    from tessera.api import DEFAULT_PIPELINE, resolve_hardware, run_passes, with_ledger
+    # A thin shell over the one compile driver (tessera.compiling, which tessera.compile runs on
+    # too): the command line's checks and outputs around it. Nothing here imports torch or
+    # transformers: a compile served from the cache never does.
+    from tessera.compiling import CompileRequest, start_compile
     from tessera_ir.summary import summarize
-    from tessera_ir.verifier import verify, verify_beside
 
     if not (args.output or args.summary_json or args.partition_json or args.report or args.report_json or args.trace
             or args.timeline):
@@ -453,63 +393,34 @@ def _compile(args: argparse.Namespace, run: Run) -> int:
         for flag, path in (("--report-json", args.report_json), ("--trace", args.trace), ("--timeline", args.timeline))
         if path
     }
-    pipeline = DEFAULT_PIPELINE if args.passes is None else ("" if args.passes == "none" else args.passes)
-    passes = parse_pipeline(pipeline) if pipeline.strip() else []  # a bad pipeline fails before the capture
-    if not args.cache:
-        passes = [without_cache(p) for p in passes]
-    if args.ledger:
-        passes = with_ledger(passes, args.ledger)
-    routing = _routing_spec(args)  # so do bad simulation settings
+    # A bad pipeline, bad simulation settings, bad sizes or a bad --hardware fail before the capture.
+    routing = _routing_spec(args)
     dump = _dump_callback(run, args.dump_after, args.dump_dir)
     names = [flag.lstrip("-").replace("-", "_") for flag, _, _ in PARALLEL_FLAGS] + ["distributed_optimizer"]
     parallel = {name: getattr(args, name) for name in names}
-    for flag, typ, _ in PARALLEL_FLAGS:  # bad sizes fail before the capture too
+    for flag, typ, _ in PARALLEL_FLAGS:
         value = getattr(args, flag.lstrip("-").replace("-", "_"))
         if typ is int and value is not None and value < 1:
             raise TesseraError(f"{flag} must be a positive integer, got {value}")
-    hardware = resolve_hardware(args.hardware)  # so does a bad --hardware; cpu is calibrated here if it never was
+    request = CompileRequest.make(
+        args.source, "" if args.passes == "none" else args.passes, hardware=args.hardware, layer_kinds=args.layer_kind,
+        ledger=args.ledger, verify=args.verify, verify_each=args.verify_each, cache=args.cache, dump_after=dump,
+        settings=_settings(args), **parallel,
+    )
 
-    timings: list[tuple[str, float]] = []
-    after: list[tuple[str, float]] = []  # printing and writing, after the passes
-    manager: PassManager | None = None
-    verified: Callable[[], None] | None = None  # waits for the planned module's verification
-    to_cache: tuple[CompileCache, str, str, list[str]] | None = None
-    with _noted(run, CompileCacheWarning, ScheduleCacheWarning):
-        key = capture_key(args.source, parallel, args.layer_kind) if args.cache else None
-        plans = CompileCache("plans") if key is not None and passes and not dump and pipeline_cacheable(passes) else None
-        plan = plan_key(key, args.hardware, hardware, passes, args.verify) if plans is not None and key else ""
-        start = time.perf_counter()
-        hit = plans.get(plan) if plans is not None else None
-        if hit is not None:
-            timings.append(("compile cache hit (read the planned IR)", time.perf_counter() - start))
-            for note in hit.warnings:
-                run.note(f"warning: {note}")
-            text: str | None = hit.text
-            module = _parsed_later(hit.text, args.source, timings)
-        else:
-            entry = capture_key(args.source, parallel, args.layer_kind, placement_blind=True) if key is not None else None
-            captured, capture_notes = _captured(args, run, entry, parallel, timings)
-            captured.attrs["hardware"] = args.hardware  # the target every pass, the report and viz read
-            start = time.perf_counter()
-            if args.verify:
-                verify(captured)
-            timings.append(("verify input", time.perf_counter() - start))
-            # Without --verify-each the planned module is verified once, in a forked process
-            # beside printing it and rendering the outputs; nothing is cached or written unless
-            # it checks out.
-            manager = run_passes(captured, passes, verify=args.verify and args.verify_each, dump_after=dump)
-            verified = verify_beside(captured) if args.verify and not args.verify_each and passes else None
-            start = time.perf_counter()
-            text = print_module(captured) if (output and emit == "ir") or plans is not None else None
-            after.append(("print the IR", time.perf_counter() - start))
-            if plans is not None and text is not None:
-                to_cache = (plans, plan, text, capture_notes)
-            module = _parsed_later(None, args.source, timings, captured)
+    with _noted(run, CompileCacheWarning, ScheduleCacheWarning, ProfileCacheWarning):
+        # The command line starts no thread before this: its helpers may be forked.
+        compilation = start_compile(
+            request, want_text=bool(output and emit == "ir"), forks=True, note=lambda text: run.note(f"warning: {text}"),
+        )
+    module, timings, after, manager = compilation.module, compilation.timings, compilation.after, compilation.manager
+    text = compilation.text
+    plan = compilation.plan_key
 
     # Render everything before writing anything, so a failure leaves no output at all. A
     # cacheable plan's artefacts come from (and go to) the outputs layer: a warm compile
     # neither parses the plan nor simulates it again.
-    outputs = RenderedOutputs(CompileCache("outputs") if plans is not None and plan and not args.ledger else None, plan)
+    outputs = RenderedOutputs(CompileCache("outputs") if compilation.cacheable and not args.ledger else None, plan)
     start, timed = time.perf_counter(), len(timings)
     with _noted(run, CompileCacheWarning):
         if output:
@@ -532,21 +443,8 @@ def _compile(args: argparse.Namespace, run: Run) -> int:
     rendered_s = time.perf_counter() - start
     if outputs.served:
         timings.append((f"outputs from the compile cache ({', '.join(outputs.served)})", outputs.served_seconds))
-    if verified is not None:
-        start_wait = time.perf_counter()
-        try:
-            verified()
-        except TesseraError as err:
-            raise TesseraError(
-                f"the planned module is invalid after passes {pipeline}: {err}; "
-                "rerun with --verify-each to find the pass that broke it"
-            ) from err
-        after.append(("verify the planned module (what is left after rendering)", time.perf_counter() - start_wait))
-    if to_cache is not None:
-        start_put = time.perf_counter()
-        with _noted(run, CompileCacheWarning, ScheduleCacheWarning):
-            to_cache[0].put(*to_cache[1:])
-        after.append(("compile cache write", time.perf_counter() - start_put))
+    with _noted(run, CompileCacheWarning, ScheduleCacheWarning):
+        compilation.finish()  # waits for the planned module's verification, then caches the plan
     with _noted(run, CompileCacheWarning):
         outputs.flush()  # the plan verified (or came verified from the cache)
     start = time.perf_counter() - rendered_s
@@ -592,6 +490,7 @@ def _opt_parser() -> argparse.ArgumentParser:
     p.add_argument("--split-input-file", action="store_true",
                    help="run on each '// -----'-separated part of the input on its own; print the results joined alike")
     _hardware_flag(p, None, "target hardware, overriding the module's 'hardware' attribute")
+    _settings_flags(p)
     return p
 
 
@@ -607,7 +506,6 @@ def _list_passes() -> None:
 
 def _opt(args: argparse.Namespace, run: Run) -> int:
     from passes.manager import parse_pipeline
-    from tessera_ir.parser import parse_module
     from tessera_ir.verifier import verify
 
     if args.list_passes:
@@ -626,10 +524,13 @@ def _opt(args: argparse.Namespace, run: Run) -> int:
         from tessera.api import resolve_hardware
 
         resolve_hardware(args.hardware)
+    settings = _settings(args)
+    set_run_settings({}, **settings)  # bad settings fail before reading the input
 
     def run_on(module: Module) -> PassManager:
         if args.hardware is not None:
             module.attrs["hardware"] = args.hardware
+        set_run_settings(module.attrs, **settings)
         if args.verify:
             verify(module)
         manager = PassManager(list(passes), verify_each=args.verify, dump_after=dump)

@@ -1,8 +1,9 @@
 """On-disk caches of whole compiles: the captured IR of a model, and the planned IR of a pipeline.
 
-Two layers, beside the schedule and profile caches (same folder, same rules: an entry names
-its key, is written to a temporary file and renamed into place, and one that cannot be read,
-names another key or fails its checksum is ignored with a :class:`CompileCacheWarning`):
+Three layers, beside the schedule and profile caches (same folder, the one cache protocol of
+``support.disk_cache``: an entry names its key and checksum, is written to a temporary file and
+renamed into place, and one that cannot be read, names another key or fails its checksum is
+ignored with a :class:`CompileCacheWarning`):
 
 - ``captures/<key>.tir``: the IR ``capture`` makes of a model source, keyed by what capture
   reads: for ``hf:<model_type>`` the type (its default config comes from the installed
@@ -19,7 +20,8 @@ names another key or fails its checksum is ignored with a :class:`CompileCacheWa
   and given again on a hit.
 - ``plans/<key>.tir``: the IR after the whole pass pipeline, keyed by the capture key, the
   target hardware (its name and every field of its description, so an edited hardware file
-  or a new CPU calibration misses), every pass with every option (its spelling), whether the
+  or a new CPU calibration misses), the run-wide settings given (``tessera_ir.run_settings``),
+  every pass with every option (its spelling), whether the
   verifier ran between passes, the versions of the solvers the passes use, the source digest
   and the pair search's version as built. Only pipelines whose passes are pure functions of the IR and those inputs are
   cached (:func:`pipeline_cacheable`): a pass that reads a training run's ledger, pairs
@@ -44,29 +46,24 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import os
-import socket
-import tempfile
 import time
-import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from passes.costs.profile_cache import resolve_cache_dir, tessera_version, trim_least_recent
+from passes.costs.profile_cache import tessera_version
 from passes.manager import ModulePass
+from support.disk_cache import DiskCache, digest, resolve_cache_dir
 from tessera_ir.parallel import PLACEMENT_SETTINGS
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: entries under the one cache protocol (support.disk_cache)
 DEFAULT_MAX_BYTES = 1024 * 2**20
-_HEADER = "// tessera-cache "
 
 # Tessera's packages: every file that can change what a compile produces.
-_PACKAGES = ("frontend", "tessera_ir", "passes", "codegen", "runtime", "tessera")
+_PACKAGES = ("support", "frontend", "tessera_ir", "passes", "codegen", "runtime", "tessera")
 _SOURCE_SUFFIXES = (".py", ".pyi", ".lark", ".json", ".cpp", ".h")
 # Third-party packages whose answers enter the IR (the model's config and modules, the
 # solvers); missing ones are recorded as absent.
@@ -82,15 +79,15 @@ class CompileCacheWarning(UserWarning):
 def source_digest() -> str:
     """SHA-256 of every source file of Tessera's packages (path and bytes, in path order)."""
     root = Path(__file__).resolve().parents[1]
-    digest = hashlib.sha256()
+    hasher = hashlib.sha256()
     for package in _PACKAGES:
         for folder, dirs, files in os.walk(root / package):
             dirs[:] = sorted(d for d in dirs if d != "__pycache__")
             for name in sorted(files):
                 if name.endswith(_SOURCE_SUFFIXES):
                     path = Path(folder) / name
-                    digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
+                    hasher.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return hasher.hexdigest()
 
 
 def package_versions(names: Iterable[str]) -> dict[str, str | None]:
@@ -102,10 +99,6 @@ def package_versions(names: Iterable[str]) -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             out[name] = None
     return out
-
-
-def _digest(blob: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(blob, sort_keys=True, separators=(",", ":"), default=repr).encode()).hexdigest()
 
 
 def capture_key(
@@ -134,7 +127,7 @@ def capture_key(
             what = {"config": hashlib.sha256(file.read_bytes()).hexdigest()}
         except OSError:
             return None
-    return _digest(
+    return digest(
         {
             "format": CACHE_FORMAT,
             "tessera": tessera_version(),
@@ -164,11 +157,14 @@ def pipeline_cacheable(passes: Sequence[ModulePass]) -> bool:
     return True
 
 
-def plan_key(capture: str, hardware: str, hardware_fields: object, passes: Sequence[ModulePass], verify: bool) -> str:
+def plan_key(
+    capture: str, hardware: str, hardware_fields: object, passes: Sequence[ModulePass], verify: bool,
+    settings: dict[str, Any] | None = None,
+) -> str:
     # The search extension as built (its sources' hash compiled in), should the build lag its sources.
     from passes.scheduling.gap_fit import SCHEDULER_VERSION
 
-    return _digest(
+    return digest(
         {
             "format": CACHE_FORMAT,
             "capture": capture,
@@ -177,6 +173,7 @@ def plan_key(capture: str, hardware: str, hardware_fields: object, passes: Seque
             "versions": package_versions(_PASS_PACKAGES),
             "hardware": [hardware, repr(hardware_fields)],
             "passes": [p.spelling() for p in passes],
+            "settings": {k: v for k, v in sorted((settings or {}).items()) if v is not None},
             "verify": verify,
         }
     )
@@ -184,7 +181,7 @@ def plan_key(capture: str, hardware: str, hardware_fields: object, passes: Seque
 
 def output_key(plan: str, artefact: str, options: dict[str, Any]) -> str:
     """The key of one artefact rendered from the plan under ``plan`` with these options."""
-    return _digest({"format": CACHE_FORMAT, "plan": plan, "artefact": artefact, "options": options})
+    return digest({"format": CACHE_FORMAT, "plan": plan, "artefact": artefact, "options": options})
 
 
 def file_digest(path: str | os.PathLike[str] | None) -> str | None:
@@ -218,15 +215,23 @@ class CompileCache:
     """One layer (``kind``: ``captures``, ``plans`` or ``outputs``) in the cache folder.
 
     ``captures`` and ``plans`` hold IR text (``.tir``); ``outputs`` holds bytes (``.bin``).
+    An entry's header keeps the warnings that making it gave.
     """
 
     def __init__(self, kind: str, root: Path | str | None = None, max_bytes: int = DEFAULT_MAX_BYTES):
-        self.dir = resolve_cache_dir(None if root is None else str(root)) / kind
+        self.disk = DiskCache(
+            resolve_cache_dir(root) / kind, name="compile cache", format=CACHE_FORMAT, warning=CompileCacheWarning,
+            redo="compiling again",
+            unwritable="compiles are not cached (pick a writable folder with TESSERA_CACHE_DIR, or turn the cache off "
+            "with --no-cache)",
+            suffix=".bin" if kind == "outputs" else ".tir", max_bytes=max_bytes,
+        )
+        self.dir = self.disk.dir
         self.max_bytes = max_bytes
-        self.suffix = ".bin" if kind == "outputs" else ".tir"
+        self.suffix = self.disk.suffix
 
     def path(self, key: str) -> Path:
-        return self.dir / f"{key}{self.suffix}"
+        return self.disk.path(key)
 
     def get(self, key: str) -> CachedIR | None:
         """The IR text under ``key``, or None (missing, or ignored with a warning)."""
@@ -236,81 +241,26 @@ class CompileCache:
         try:
             return CachedIR(entry.data.decode(), entry.warnings)
         except UnicodeDecodeError as err:
-            self._ignore(self.path(key), f"is damaged ({err})")
+            self.disk.ignore(key, f"is damaged ({err})")
             return None
 
     def get_bytes(self, key: str) -> CachedBytes | None:
         """The bytes under ``key``, or None (missing, or ignored with a warning)."""
-        path = self.path(key)
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
+        entry = self.disk.read(key)
+        if entry is None:
             return None
-        except OSError as err:
-            self._ignore(path, f"cannot be read ({err.strerror})")
+        notes = entry.meta.get("warnings", [])
+        if not (isinstance(notes, list) and all(isinstance(n, str) for n in notes)):
+            self.disk.ignore(key, "is damaged ('warnings' is not a list of strings)")
             return None
-        head, _, body = data.partition(b"\n")
-        try:
-            if not head.startswith(_HEADER.encode()):
-                raise ValueError("no cache header")
-            meta = json.loads(head[len(_HEADER):])
-            if not isinstance(meta, dict):
-                raise ValueError("the header is not an object")
-            if meta.get("format") != CACHE_FORMAT or meta.get("key") != key:
-                self._ignore(path, "belongs to another key or cache format")
-                return None
-            if meta.get("sha256") != hashlib.sha256(body).hexdigest():
-                self._ignore(path, "does not match its checksum")
-                return None
-            notes = meta.get("warnings", [])
-            if not (isinstance(notes, list) and all(isinstance(n, str) for n in notes)):
-                raise ValueError("'warnings' is not a list of strings")
-        except (ValueError, UnicodeDecodeError) as err:
-            self._ignore(path, f"is damaged ({err})")
-            return None
-        try:
-            os.utime(path)  # recently used: the size cap removes it last
-        except OSError:
-            pass
-        return CachedBytes(body, notes)
-
-    def _ignore(self, path: Path, why: str) -> None:
-        warnings.warn(f"compile cache entry {path} {why}; ignoring it and compiling again", CompileCacheWarning, stacklevel=3)
+        return CachedBytes(entry.body, notes)
 
     def put(self, key: str, data: str | bytes, notes: Sequence[str] = ()) -> None:
-        body = data.encode() if isinstance(data, str) else data
-        meta = {
-            "format": CACHE_FORMAT,
-            "key": key,
-            "sha256": hashlib.sha256(body).hexdigest(),
-            "bytes": len(body),
-            "warnings": list(notes),
-            "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "host": socket.gethostname(),
-        }
-        try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=self.dir)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(_HEADER.encode() + json.dumps(meta, separators=(",", ":")).encode() + b"\n" + body)
-                os.replace(tmp, self.path(key))
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
-        except OSError as err:
-            warnings.warn(
-                f"cannot write the compile cache in {self.dir}: {err}; compiles are not cached (pick a writable folder "
-                "with TESSERA_CACHE_DIR, or turn the cache off with --no-cache)",
-                CompileCacheWarning,
-                stacklevel=2,
-            )
-            return
-        self.trim()
+        self.disk.put(key, data, {"warnings": list(notes)})
 
     def trim(self) -> int:
         """Remove the least recently used entries until the folder fits ``max_bytes``; how many went."""
-        return trim_least_recent(self.dir, f"*{self.suffix}", self.max_bytes)
+        return self.disk.trim()
 
 
 class RenderedOutputs:

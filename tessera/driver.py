@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import gc
 import os
 import sys
 import traceback
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from runtime.errors import PlanError
+from support import collector
 from tessera.io import (
     check_output_file,
     check_output_folder,
@@ -96,13 +96,8 @@ class Run:
         library's parse_module leaves the collector alone.
         """
         text = read_text(path)
-        was_enabled = gc.isenabled()
-        gc.disable()
-        try:
+        with collector.paused():
             return parse_module(text, source="<stdin>" if path == "-" else path)
-        finally:
-            if was_enabled:
-                gc.enable()
 
     def output_file(self, path: str, flag: str) -> str:
         """Declare an output file (``-``: standard output); refused now if it cannot be written."""
@@ -200,23 +195,14 @@ def run_tool(tool: str, parser: argparse.ArgumentParser, body: Body, argv: Seque
         return EXIT_INTERNAL_ERROR
 
 
-# The collector's thresholds in an executable. Python's defaults (700, 10, 10) start a young
-# collection every 700 net allocations of container objects, an older one every tenth of those,
-# and one of the whole heap every hundredth once the heap has grown by a quarter since the last.
-# A compile allocates millions of objects that live to the end (torch's and transformers' modules
-# in the capture's child, the pair DAGs, schedules and per-rank programs in the passes), so its
-# heap keeps growing and the collector walked it again and again for garbage that is not there.
-# Here a young collection comes every 100,000, so short-lived cycles are still freed, and one of
-# the whole heap only after 500 million. What that saved, against the default thresholds, is in
-# docs/records/2026-12-04-compile-time.md.
-EXECUTABLE_GC_THRESHOLDS = (100_000, 50, 100)
 
 
 def run_executable(main: Callable[[], int]) -> NoReturn:
-    """Run a tool's ``main`` as the executable: with :data:`EXECUTABLE_GC_THRESHOLDS`, ending
+    """Run a tool's ``main`` as the executable: with the executables' collector thresholds
+    (:data:`support.collector.EXECUTABLE_GC_THRESHOLDS`), ending
     through :func:`leave`. Only for the ``*_command`` entry points: a caller that goes on (a test,
     a trainer importing the API) keeps its own collector settings."""
-    gc.set_threshold(*EXECUTABLE_GC_THRESHOLDS)
+    collector.use_executable_thresholds()
     leave(main())
 
 

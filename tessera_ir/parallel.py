@@ -71,6 +71,9 @@ class ParallelConfig:
     cp: int = 1  # context-parallel size (the sequence split over cp ranks)
     distributed_optimizer: bool = True  # shard optimizer state over the data-parallel replicas
     recompute: tuple[str, ...] = ()  # selective recomputation: names from RECOMPUTE_MODULES
+    # The pipeline order variant, a run-wide setting (tessera_ir.run_settings): Megatron-Core's
+    # combined 1F1B or not; None (not written in the header): combined whenever ep > 1.
+    combined: bool | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -84,6 +87,9 @@ class ParallelConfig:
             elif f.name == "distributed_optimizer":
                 if not isinstance(value, bool):
                     raise ParallelConfigError(f"distributed_optimizer must be true or false, got {value!r}")
+            elif f.name == "combined":
+                if value is not None and not isinstance(value, bool):
+                    raise ParallelConfigError(f"combined (the pipeline order) must be true or false, got {value!r}")
             elif f.name == "recompute":
                 if isinstance(value, str) or not all(isinstance(m, str) for m in value):
                     raise ParallelConfigError(f"--recompute must be a list of module names, got {value!r}")
@@ -151,8 +157,9 @@ class ParallelConfig:
     def combined_1f1b(self) -> bool:
         """Whether the pipeline runs Megatron-Core's combined 1F1B (EP All-to-All overlapped across
         micro-batches, one more warm-up forward per rank; ``passes/pipelining/order.py``): on
-        whenever there is expert-parallel communication to overlap, ``ep > 1``."""
-        return self.ep > 1
+        whenever there is expert-parallel communication to overlap, ``ep > 1``, unless the header's
+        ``combined`` setting says otherwise."""
+        return self.ep > 1 if self.combined is None else self.combined
 
     def stages_problem(self, decoder_layers: int) -> str | None:
         """Why this pipeline cannot hold a model of ``decoder_layers`` layers (every virtual stage
@@ -172,6 +179,8 @@ class ParallelConfig:
         out: Attrs = {}
         for f in fields(self):
             value = getattr(self, f.name)
+            if value is None:
+                continue  # an unset setting (combined) is not written
             out[f.name] = list(value) if isinstance(value, tuple) else value
         return out
 

@@ -21,7 +21,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TypeVar
 
-from tessera_ir.beside import beside
+from support.processes import beside
 from tessera_ir.errors import VerifyError
 from tessera_ir.kinds import (
     COMM_OPS,
@@ -111,7 +111,7 @@ def verify(module: Module, checks: Iterable[str] | None = None) -> None:
 
 
 def verify_beside(module: Module) -> Callable[[], None]:
-    """Start ``verify(module)`` in a forked process (``tessera_ir.beside``) and return a function
+    """Start ``verify(module)`` in a forked process (``support.processes``) and return a function
     that waits for it and raises its first error, exactly as ``verify`` would have.
 
     For a caller with other work that only reads the module (printing it, rendering reports):

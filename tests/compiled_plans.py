@@ -26,7 +26,9 @@ def _planned(pp: int, vpp: int, microbatches: int, groups: int, ep: int, combine
     parallel = ParallelConfig(pp=pp, vpp=vpp, ep=ep, microbatches=microbatches, seq_len=512)
     module = synthetic_module(QWEN3_NEXT_PATTERN * groups, gemm_flops=10**10, mixer_flops=10**10, a2a_bytes=10**6,
                               param_bytes=10**6, parallel=parallel)
-    passes = PLANNING + (",dbo-slots" if dbo else "") + (",pipeline{combined=true}" if combined else ",pipeline")
+    if combined:
+        module.attrs["combined"] = True  # the pipeline order: a run-wide setting in the header
+    passes = PLANNING + (",dbo-slots" if dbo else "") + ",pipeline"
     PassManager(parse_pipeline(passes)).run(module)
     return module
 

@@ -56,20 +56,18 @@ measured profiling, and the cost-model benchmark.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import statistics
-import tempfile
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 
-from passes.costs.calibration_cache import STATISTICS, WORLD_SIZE, calibration_path
+from passes.costs.calibration_cache import STATISTICS, WORLD_SIZE, calibration_path, read_calibration, write_calibration
 from passes.costs.execution import MAX_REFERENCE_RUNS, align_dim
-from passes.costs.hardware import Hardware, load_hardware
+from passes.costs.hardware import Hardware, hardware_from_data
 from passes.costs.profile_cache import software_versions
 from runtime.pair_executor import ExecTask, PairExecutor, PairMeasurement, cpu_model_name, executed_work
 from tessera_ir.kinds import TaskOp
@@ -464,19 +462,15 @@ def cpu_hardware(
     by ``median`` and by ``min`` are cached separately. ``announce`` is called with
     the cache path just before a measurement starts (a progress message for the user).
     """
-    path = calibration_path(cache_dir, WORLD_SIZE, executor.threads_per_rank if executor else None, statistic)
-    if path.is_file() and not refresh:
-        return load_hardware(path)
+    threads = executor.threads_per_rank if executor else None
+    cached = None if refresh else read_calibration(cache_dir, WORLD_SIZE, threads, statistic)
+    if cached is not None:
+        return cached
     if announce is not None:
-        announce(path)
+        announce(calibration_path(cache_dir, WORLD_SIZE, threads, statistic))
     if executor is not None:
         data = calibrate(executor, quick=quick, statistic=statistic)
     else:
         with PairExecutor(world_size=WORLD_SIZE) as ex:
             data = calibrate(ex, quick=quick, statistic=statistic)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".cpu.", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-    os.replace(tmp, path)
-    return load_hardware(path)
+    return hardware_from_data(data, write_calibration(data, cache_dir, WORLD_SIZE, threads, statistic))

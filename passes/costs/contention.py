@@ -93,7 +93,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from passes.costs.hardware import Hardware
-from passes.costs.native import load_extension
+from support.extensions import load_extension
 from tessera_ir.errors import TesseraError
 from tessera_ir.kinds import Resource
 

@@ -227,7 +227,7 @@ def load_hardware(name_or_file: str | Path) -> Hardware:
                     "the local CPU has not been calibrated yet; run `tessera-calibrate` once "
                     "(or `tessera-compile --hardware cpu`, which calibrates it first)"
                 )
-            path = cached
+            return cached
         else:
             path = HARDWARE_DIR / f"{name}.json"
     if not path.exists():
@@ -242,6 +242,11 @@ def load_hardware(name_or_file: str | Path) -> Hardware:
     except (OSError, UnicodeDecodeError) as err:
         reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
         raise HardwareError(f"cannot read the hardware description {str(path)[:200]}: {reason}") from None
+    return hardware_from_data(data, path)
+
+
+def hardware_from_data(data: object, path: Path) -> Hardware:
+    """The hardware description ``data`` (a JSON object read from ``path``, which errors name)."""
     if not isinstance(data, dict):
         raise HardwareError(f"{path}: a hardware description is a JSON object with the fields of h100.json")
     missing = [k for k in _REQUIRED if k not in data]

@@ -6,66 +6,39 @@ versions (torch, tessera, the executor). The key is a SHA-256 over all of
 them, so changing any of them misses the cache instead of reusing a stale
 figure.
 
-Layout: ``<cache dir>/profiles/<key>.json``, one file per measurement. The
-cache directory is the ``cache-dir`` pass option, else ``$TESSERA_CACHE_DIR``,
-else ``~/.cache/tessera``.
+Layout: ``<cache dir>/profiles/<key>.json``, one file per measurement, under the one cache
+protocol (``support.disk_cache``). The cache directory is the ``cache-dir`` pass option, else
+``$TESSERA_CACHE_DIR``, else ``~/.cache/tessera``.
 
-Each entry is written to a temporary file in the same directory and renamed
-into place (``os.replace`` is atomic on POSIX), so a profiling run killed at
-any moment leaves only complete entries; a rerun finds them and measures only
-what is missing. Unreadable entries (e.g. damaged by hand) count as misses and
-are overwritten.
+Each entry is written to a temporary file in the same directory and renamed into place, so a
+profiling run killed at any moment leaves only complete entries; a rerun finds them and
+measures only what is missing. An entry that cannot be read, names another key or fails its
+checksum (damaged by hand, say) is ignored with a :class:`ProfileCacheWarning` and measured
+again. A folder that cannot be written is an error (:class:`ProfileCacheError`): measurements
+are expensive, and a run that could not keep them should say so before it ends.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
-import os
 import socket
-import tempfile
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from support.disk_cache import DiskCache, digest, resolve_cache_dir
 from tessera_ir.errors import TesseraError
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: entries under the one cache protocol (support.disk_cache)
 
 
 class ProfileCacheError(TesseraError):
-    """A profile cache that cannot be read or written."""
+    """A profile cache that cannot be written."""
 
 
-def default_cache_dir() -> Path:
-    env = os.environ.get("TESSERA_CACHE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "tessera"
-
-
-def resolve_cache_dir(option: str | None) -> Path:
-    return Path(option).expanduser() if option else default_cache_dir()
-
-
-def trim_least_recent(folder: Path, pattern: str, max_bytes: int) -> int:
-    """Remove the least recently used files of ``folder`` matching ``pattern`` (by modification
-    time, which a cache hit refreshes) until they total at most ``max_bytes``; how many went."""
-    try:
-        files = [(p.stat(), p) for p in folder.glob(pattern)]
-    except OSError:
-        return 0
-    total = sum(st.st_size for st, _ in files)
-    removed = 0
-    for st, p in sorted(files, key=lambda f: (f[0].st_mtime, f[1].name)):
-        if total <= max_bytes:
-            break
-        try:
-            p.unlink()
-        except OSError:
-            continue
-        total -= st.st_size
-        removed += 1
-    return removed
+class ProfileCacheWarning(UserWarning):
+    """A profile cache entry that was ignored (damaged, foreign)."""
 
 
 @functools.cache
@@ -96,11 +69,7 @@ def software_versions() -> dict[str, str]:
 
 
 def cache_key(signature: object, device: str, versions: dict[str, str]) -> str:
-    blob = json.dumps(
-        {"format": CACHE_FORMAT, "signature": signature, "device": device, "versions": versions},
-        sort_keys=True, separators=(",", ":"),
-    )
-    return hashlib.sha256(blob.encode()).hexdigest()
+    return digest({"format": CACHE_FORMAT, "signature": signature, "device": device, "versions": versions})
 
 
 @dataclass
@@ -122,22 +91,30 @@ class CacheEntry:
 
 class ProfileCache:
     def __init__(self, root: Path | str | None = None):
-        self.root = Path(root).expanduser() if root is not None else default_cache_dir()
-        self.dir = self.root / "profiles"
+        self.root = resolve_cache_dir(root)
+        self.disk = DiskCache(
+            self.root / "profiles", name="profile cache", format=CACHE_FORMAT, warning=ProfileCacheWarning,
+            redo="measuring the pair again", unwritable="",
+        )
+        self.dir = self.disk.dir
 
     def path(self, key: str) -> Path:
-        return self.dir / f"{key}.json"
+        return self.disk.path(key)
 
     def get(self, key: str) -> CacheEntry | None:
-        path = self.path(key)
-        try:
-            data = json.loads(path.read_text())
-            entry = CacheEntry(**data)
-        except FileNotFoundError:
+        found = self.disk.read_json(key)
+        if found is None:
             return None
-        except (OSError, json.JSONDecodeError, TypeError):
-            return None  # damaged entry: measure again and overwrite it
-        return entry if entry.key == key else None
+        data, _ = found
+        try:
+            entry = CacheEntry(**data)
+        except TypeError as err:  # not an object, or not a measurement's fields
+            self.disk.ignore(key, f"is damaged ({err})")
+            return None
+        if entry.key != key:
+            self.disk.ignore(key, "belongs to another key or cache format")
+            return None
+        return entry
 
     def put(self, entry: CacheEntry) -> Path:
         if not entry.when:
@@ -145,25 +122,13 @@ class ProfileCache:
         if not entry.host:
             entry.host = socket.gethostname()
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{entry.key[:16]}.", suffix=".tmp", dir=self.dir)
-            with os.fdopen(fd, "w") as f:
-                json.dump(asdict(entry), f, indent=1, sort_keys=True)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path(entry.key))
+            path = self.disk.write(entry.key, json.dumps(asdict(entry), indent=1, sort_keys=True))
         except OSError as err:
             raise ProfileCacheError(
                 f"cannot write the profile cache entry in {self.dir}: {err}; pick a writable directory "
                 "with the profile pass's cache-dir option or TESSERA_CACHE_DIR"
             ) from err
-        return self.path(entry.key)
+        return path
 
     def entries(self) -> list[CacheEntry]:
-        out = []
-        if self.dir.is_dir():
-            for p in sorted(self.dir.glob("*.json")):
-                e = self.get(p.stem)
-                if e is not None:
-                    out.append(e)
-        return out
+        return [e for e in (self.get(key) for key in self.disk.keys()) if e is not None]

@@ -7,6 +7,7 @@ the first error raised are the same for every number of workers.
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from passes.scheduling.exact import ExactSolver
 from passes.scheduling.methods import Method, schedule_dag
 from passes.scheduling.pair_dag import PairDAG
 from passes.scheduling.schedule import PairSchedule
-from tessera_ir.beside import cpu_cores
+from support.processes import cpu_cores, die_with_parent, run_as_helper
 
 # Fewer distinct DAGs per worker than this are not worth a process (a fork and some copying).
 MIN_DAGS_PER_WORKER = 16
@@ -82,7 +83,8 @@ def schedule_all(
     global _WORK
     _WORK = (dags, method, time_limit, solver, prove)
     try:
-        with multiprocessing.get_context("fork").Pool(workers) as pool:
+        # The workers die with this process: a compile killed meanwhile leaves none running.
+        with multiprocessing.get_context("fork").Pool(workers, die_with_parent, (os.getpid(),)) as pool:
             # Small chunks keep both workers busy to the end (DAG sizes vary a lot).
             results = pool.map(_solve_in_worker, range(len(dags)), chunksize=4)
     finally:
@@ -197,7 +199,8 @@ class BackgroundProofs:
         self._state = context.RawArray("b", self.count)
         # Forked, so the process inherits the schedules (and keep) instead of receiving them pickled.
         self._process = context.Process(
-            target=_prove_taken, args=(schedules, self._next, self._state, keep), name="tessera-z3-proofs", daemon=True
+            target=run_as_helper, args=(os.getpid(), _prove_taken, schedules, self._next, self._state, keep),
+            name="tessera-z3-proofs", daemon=True,
         )
         self._process.start()
 

@@ -15,38 +15,34 @@ Changing one layer's cost changes the signature of exactly the DAGs that contain
 those are scheduled again. Wall-clock limited solvers (the MILP cross-check) are not cached:
 their answer depends on the machine.
 
-Layout: ``<cache dir>/schedules/<key>.json``, the cache dir being the profile cache's
-(``cache-dir`` option, else ``$TESSERA_CACHE_DIR``, else ``~/.cache/tessera``). Entries are
-written to a temporary file and renamed into place, so readers only ever see whole entries.
-An entry records whether its schedule was proven valid by z3 when it was made.
+Layout: ``<cache dir>/schedules/<key>.json``, the cache dir being the other caches'
+(``cache-dir`` option, else ``$TESSERA_CACHE_DIR``, else ``~/.cache/tessera``), under the one
+cache protocol (``support.disk_cache``): an entry names its key and its body's checksum, is
+written to a temporary file and renamed into place, and one that cannot be read, names another
+key or format, or fails its checksum is ignored with a :class:`ScheduleCacheWarning` (and
+overwritten). An entry records whether its schedule was proven valid by z3 when it was made.
 
-Nothing read from the cache is trusted: an entry that cannot be parsed, names another key,
-or does not fit the DAG is ignored with a :class:`ScheduleCacheWarning` (and overwritten),
-and every schedule taken from it passes the same exact validity check as a fresh one (the
-overlap-schedule pass runs it). The cache is capped (``max_bytes``): after writing, the
+Nothing read from the cache is trusted: an entry that does not fit the DAG is ignored the same
+way, and every schedule taken from it passes the same exact validity check as a fresh one (the
+overlap-schedule pass runs it). The cache is capped (``max_bytes``): after a run's writes, the
 least recently used entries (by modification time; a hit refreshes it) are removed until it
 fits.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
-import os
-import socket
-import tempfile
-import warnings
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
-from passes.costs.profile_cache import resolve_cache_dir, tessera_version, trim_least_recent
+from passes.costs.profile_cache import tessera_version
 from passes.scheduling.pair_dag import PairDAG
 from passes.scheduling.schedule import PairSchedule
+from support.disk_cache import DiskCache, resolve_cache_dir
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: entries under the one cache protocol (support.disk_cache)
 DEFAULT_MAX_BYTES = 256 * 2**20
 
 
@@ -102,39 +98,47 @@ class CachedSchedule:
 
 class ScheduleCache:
     def __init__(self, root: Path | str | None = None, max_bytes: int = DEFAULT_MAX_BYTES):
-        self.dir = resolve_cache_dir(None if root is None else str(root)) / "schedules"
+        self.disk = DiskCache(
+            resolve_cache_dir(root) / "schedules", name="schedule cache", format=CACHE_FORMAT,
+            warning=ScheduleCacheWarning, redo="scheduling the pair again",
+            unwritable="schedules are not cached (pick a writable folder with the cache-dir option or TESSERA_CACHE_DIR, "
+            "or turn the cache off with cache=false)",
+            max_bytes=max_bytes,
+        )
+        self.dir = self.disk.dir
         self.max_bytes = max_bytes
-        self.written = 0
-        self.hits = 0
-        self.ignored = 0
+
+    @property
+    def hits(self) -> int:
+        return self.disk.hits
+
+    @property
+    def written(self) -> int:
+        return self.disk.written
+
+    @property
+    def ignored(self) -> int:
+        return self.disk.ignored
 
     def path(self, key: str) -> Path:
-        return self.dir / f"{key}.json"
+        return self.disk.path(key)
 
     def get(self, key: str, dag: PairDAG) -> CachedSchedule | None:
         """The cached schedule of ``dag`` under ``key``, or None (missing, or ignored with a warning)."""
-        path = self.path(key)
-        try:
-            text = path.read_text()
-        except FileNotFoundError:
+        found = self.disk.read_json(key)
+        if found is None:
             return None
-        except OSError as err:
-            self._ignore(path, f"cannot be read ({err.strerror})")
-            return None
+        data, _ = found
         try:
-            data = json.loads(text)
             if not isinstance(data, dict):
                 raise ValueError("not an object")
-            if data.get("format") != CACHE_FORMAT or data.get("key") != key:
-                self._ignore(path, "belongs to another key or cache format")
-                return None
             start = data["start"]
             if not (
                 isinstance(start, list)
                 and len(start) == len(dag.tasks)
                 and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in start)
             ):
-                self._ignore(path, f"does not hold {len(dag.tasks)} finite start times")
+                self._ignore_hit(key, f"does not hold {len(dag.tasks)} finite start times")
                 return None
             bound = data.get("bound")
             sched = PairSchedule(
@@ -147,67 +151,43 @@ class ScheduleCache:
             )
             proven = data.get("proven") is True
         except (ValueError, KeyError, TypeError) as err:
-            self._ignore(path, f"is damaged ({err})")
+            self._ignore_hit(key, f"is damaged ({err})")
             return None
-        self.hits += 1
-        try:
-            os.utime(path)  # recently used: the size cap removes it last
-        except OSError:
-            pass
         return CachedSchedule(sched, proven)
 
-    def _ignore(self, path: Path, why: str) -> None:
-        self.ignored += 1
-        warnings.warn(
-            f"schedule cache entry {path} {why}; ignoring it and scheduling the pair again",
-            ScheduleCacheWarning,
-            stacklevel=3,
-        )
-        return None
+    def _ignore_hit(self, key: str, why: str) -> None:
+        self.disk.hits -= 1
+        self.disk.ignore(key, why)
 
     def ignore_invalid(self, key: str, error: Exception) -> None:
         """Warn that the entry under ``key`` failed the validity check; it is overwritten later."""
-        self._ignore(self.path(key), f"holds an invalid schedule ({error})")
+        self._ignore_hit(key, f"holds an invalid schedule ({error})")
 
     def put(self, key: str, schedule: PairSchedule, proven: bool) -> None:
-        """Write ``schedule`` under ``key``; a folder that cannot be written is a warning."""
+        """Write ``schedule`` under ``key``; a folder that cannot be written is a warning. (The
+        pass trims the cache once, after all its writes.)"""
         try:
             self.write(key, schedule, proven)
         except OSError as err:
-            warnings.warn(
-                f"cannot write the schedule cache in {self.dir}: {err}; schedules are not cached (pick a writable "
-                "folder with the cache-dir option or TESSERA_CACHE_DIR, or turn the cache off with cache=false)",
-                ScheduleCacheWarning,
-                stacklevel=2,
-            )
+            self.disk.warn_unwritable(err)
 
     def write(self, key: str, schedule: PairSchedule, proven: bool) -> None:
-        """Write ``schedule`` under ``key`` (to a temporary file renamed into place, so a reader
-        never sees half an entry); OSError when the folder cannot be written."""
+        """Write ``schedule`` under ``key`` (a reader never sees half an entry); OSError when the
+        folder cannot be written."""
+        self.disk.write(key, self._body(schedule, proven))
+
+    @staticmethod
+    def _body(schedule: PairSchedule, proven: bool) -> str:
         entry = {
-            "format": CACHE_FORMAT,
-            "key": key,
             "method": schedule.method,
             "status": schedule.status,
             "bound": schedule.bound,
             "start": schedule.start,
             "proven": proven,
             "tasks": len(schedule.dag.tasks),
-            "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "host": socket.gethostname(),
         }
-        self.dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=self.dir)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(entry, f, separators=(",", ":"))
-            os.replace(tmp, self.path(key))
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        self.written += 1
+        return json.dumps(entry, separators=(",", ":"))
 
     def trim(self) -> int:
         """Remove the least recently used entries until the cache fits ``max_bytes``; how many went."""
-        return trim_least_recent(self.dir, "*.json", self.max_bytes)
+        return self.disk.trim()

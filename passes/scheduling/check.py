@@ -70,9 +70,9 @@ from fractions import Fraction
 from pathlib import Path
 from types import ModuleType
 
-from passes.costs.native import load_extension
 from passes.scheduling.pair_dag import PairDAG
 from passes.scheduling.schedule import RESOURCES, PairSchedule
+from support.extensions import load_extension
 from tessera_ir.errors import TesseraError
 from tessera_ir.schedule_rules import schedule_tolerance, violations
 

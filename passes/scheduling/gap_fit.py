@@ -98,11 +98,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from passes.costs.native import load_extension
 from passes.scheduling.baselines import fixed_template
 from passes.scheduling.check import ScheduleError, check_pair_schedule
 from passes.scheduling.pair_dag import BWD, PairDAG
 from passes.scheduling.schedule import RESOURCES, PairSchedule, SchedulingError, left_shift, priority_order
+from support.extensions import load_extension
 
 # TESSERA_SEARCH_EXTENSION names another build of the extension (the sanitizer build `make test`
 # runs the scheduling tests against); normally the package's own.

@@ -64,6 +64,7 @@ from tessera_ir.errors import TesseraError
 from tessera_ir.kinds import FfnKind, Phase, Resource, TaskOp
 from tessera_ir.model import Layer, Module, PlanOp, SymbolRef, Task
 from tessera_ir.parallel import ParallelConfig
+from tessera_ir.run_settings import RunSettings
 
 ROUTED_OPS = frozenset({TaskOp.EXPERT_GEMM, TaskOp.DISPATCH, TaskOp.COMBINE})
 METHODS = ("plan", "gap-fit", "fixed-template", "serial")
@@ -83,7 +84,9 @@ class BuildOptions:
     dbo: bool = False  # find slots and the deferrable pool
     dp: int | None = None  # data-parallel replicas; None: the module's "dp" attribute, else 1
     distributed_optimizer: bool | None = None  # None: the module's setting (ParallelConfig, on by default)
-    dbo_memory_fraction: float | None = None  # the DBO pool's budget as a share of device memory; None: the headroom (see dbo_budgets)
+    # The DBO pool's budget, as a share of device memory (see dbo_budgets); None: the module header's
+    # setting (tessera_ir.run_settings: the stage's memory headroom unless a share is set).
+    dbo_memory_fraction: float | None = None
 
 
 class PlanReader(Protocol):
@@ -305,7 +308,11 @@ class SimulationBuilder:
         """The DBO's per-rank memory budgets: the plan's, else ``dbo_budgets`` of a balanced static run."""
         if self.dbo_ops.present:
             return DboSettings(self.dbo_ops.budgets(inp.pp))
-        return DboSettings(dbo_budgets(simulate(inp), self.hw.memory_bytes, self.options.dbo_memory_fraction))
+        settings = RunSettings.from_attrs(self.view.module.attrs)
+        fraction = self.options.dbo_memory_fraction
+        if fraction is None and settings.dbo_memory_budget != "headroom":
+            fraction = float(settings.dbo_memory_budget)
+        return DboSettings(dbo_budgets(simulate(inp), self.hw.memory_bytes, fraction, settings.dbo_memory_margin))
 
     def _build(self, ranges: Sequence[Range] | None) -> sim.SimulationInput:
         p = self.parallel

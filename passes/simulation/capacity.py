@@ -40,7 +40,7 @@ from passes.simulation.program import SimulationInput
 from passes.simulation.routing import RoutingError, RoutingModel, RoutingSpec
 from passes.simulation.slots import without_weight_gradients
 from runtime.dbo import DboCounters
-from tessera_ir.beside import beside, cpu_cores
+from support.processes import beside, cpu_cores
 
 if TYPE_CHECKING:
     from passes.costs.ledger_file import LedgerFold

@@ -46,9 +46,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from passes.costs.native import load_extension
 from passes.simulation.program import BWD, COMM, COMPUTE, FWD, Action, Program, SimulationInput, SimulationInputError
 from runtime.dbo import DboCounters, DboPolicy, MovableTask, SlotForecast, SlotSpec
+from support.extensions import load_extension
 
 # TESSERA_ACTION_EXTENSION names another build of the action loop (the sanitizer build `make test`
 # runs the simulator's tests against); normally the package's own.

@@ -36,9 +36,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from passes.simulation.program import COMM, COMPUTE, Program, SimTask, SimulationInput, SlotAnnotation
+from tessera_ir.run_settings import RunSettings
 
 # Share of device memory the pool's budget leaves free beside the static peak (see the docstring).
-POOL_MARGIN = 0.05
+POOL_MARGIN = RunSettings().dbo_memory_margin
 
 
 @dataclass(frozen=True)

@@ -231,7 +231,7 @@ def test_list_passes_shows_options_with_types_and_defaults(capsys: pytest.Captur
     assert code == 0
     assert "partition: Pick one candidate per virtual stage" in out
     assert "  search: window|global = window  -- " in out
-    assert "  memory-gib: float (optional) = unset  -- " in out
+    assert "  memory-budget" not in out and "  memory-gib" not in out  # run-wide settings, not pass options
     assert "  scale: float or auto = auto  -- " in out
     assert "  jobs: int (optional) = unset  -- " in out
 

@@ -94,12 +94,11 @@ def test_an_unchanged_compile_is_served_from_the_cache_byte_for_byte(
     assert first == second
     uncached = compile_to(tmp_path / "c", config, "--no-cache")
     assert uncached == first
-    # A new pass option misses the plan but reuses the capture, and gives the same IR as without caches.
-    option = PIPELINE.replace("dbo-slots", "dbo-slots{memory-budget=0.05}")
-    cached = compile_to(tmp_path / "d", config, "--passes", option)
+    # A new run-wide setting misses the plan but reuses the capture, and gives the same IR as without caches.
+    cached = compile_to(tmp_path / "d", config, "--dbo-memory-budget", "0.05")
     assert counted == {"capture": 2, "passes": 3}
     assert len(entries(cache, "captures")) == 1 and len(entries(cache, "plans")) == 2
-    assert cached == compile_to(tmp_path / "e", config, "--no-cache", "--passes", option)
+    assert cached == compile_to(tmp_path / "e", config, "--no-cache", "--dbo-memory-budget", "0.05")
 
 
 @pytest.mark.slow
@@ -112,7 +111,8 @@ def test_every_changed_input_misses(tmp_path: Path, cache: Path, counted: dict[s
     edited = tmp_path / "h100_slower.json"
     edited.write_text(json.dumps(hardware))
     changes: list[tuple[str, Path, list[str]]] = [
-        ("one pass option", config, ["--passes", PIPELINE.replace("partition", "partition{reserved-gib=5}")]),
+        ("one pass option", config, ["--passes", PIPELINE.replace("partition", "partition{time-limit=30}")]),
+        ("one run-wide setting", config, ["--reserved-gib", "5"]),
         ("a parallel setting", config, ["--seq-len", "1024"]),
         ("one layer's kind (and so its cost)", config, ["--layer-kind", "1=attention"]),
         ("the hardware", config, ["--hardware", "h200"]),
@@ -291,7 +291,7 @@ def test_a_warm_compile_renders_nothing_again(
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("a warm compile parsed the cached plan")
 
-    monkeypatch.setattr("tessera.cli.parse_module", refuse)
+    monkeypatch.setattr("tessera.compiling.parse_module", refuse)
     warm = compile_all(tmp_path / "warm", config, "--timing", capsys=capsys)
     assert warm == cold and len(simulations) == 2  # the --no-cache run simulated; the warm one did not
     # Outputs of a plan served from the cache whose artefacts are not (yet) cached are rendered

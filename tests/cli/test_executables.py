@@ -53,8 +53,8 @@ def test_the_console_scripts_are_the_commands() -> None:
 def test_the_executables_collect_young_objects_only_and_in_process_callers_keep_theirs(capsys) -> None:
     import gc
 
+    from support.collector import EXECUTABLE_GC_THRESHOLDS
     from tessera.cli import opt_main
-    from tessera.driver import EXECUTABLE_GC_THRESHOLDS
 
     seen = "import atexit, gc; atexit.register(lambda: print('thresholds', gc.get_threshold()))"
     done = executable("opt_command", str(PLAN), before=seen)

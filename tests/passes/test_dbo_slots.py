@@ -45,15 +45,16 @@ def test_ops_name_compute_waits_tail_weight_gradients_and_every_device() -> None
 
 
 def test_a_share_of_device_memory_overrides_the_headroom_and_the_margin_moves_it() -> None:
-    def budgets(options: str) -> list[int]:
+    def budgets(**settings: float) -> list[int]:
         module = planned()
-        PassManager(parse_pipeline(f"dbo-slots{{{options}}}")).run(module)
+        module.attrs.update(settings)  # run-wide settings, in the module header
+        PassManager(parse_pipeline("dbo-slots")).run(module)
         ops = sorted((op for op in module.plan_ops("dbo_slot") if op.attrs["kind"] == "recv_wait"), key=lambda op: op.attrs["device"])  # type: ignore[arg-type, return-value]
         return [int(op.attrs["memory_budget_bytes"]) for op in ops]  # type: ignore[arg-type]
 
     capacity = 80 * 2**30
-    assert budgets("memory-budget=0.03") == [int(0.03 * capacity)] * 2
-    wide, narrow = budgets("memory-margin=0.05"), budgets("memory-margin=0.1")
+    assert budgets(dbo_memory_budget=0.03) == [int(0.03 * capacity)] * 2
+    wide, narrow = budgets(dbo_memory_margin=0.05), budgets(dbo_memory_margin=0.1)
     assert [w - n for w, n in zip(wide, narrow)] == [int(0.1 * capacity) - int(0.05 * capacity)] * 2
 
 
@@ -91,7 +92,11 @@ def test_refusals() -> None:
     bare.plan = [op for op in bare.plan if op.op != "partition"]
     with pytest.raises(PassError, match="no partition"):
         PassManager(parse_pipeline("dbo-slots")).run(bare)
-    with pytest.raises(PassError, match="memory-budget"):
-        PassManager(parse_pipeline("dbo-slots{memory-budget=2}")).run(planned())
-    with pytest.raises(PassError, match="memory-margin"):
-        PassManager(parse_pipeline("dbo-slots{memory-margin=1.5}")).run(planned())
+    too_large = planned()
+    too_large.attrs["dbo_memory_budget"] = 2.0  # the budget is a run-wide setting in the header
+    with pytest.raises(PassError, match=r"header attribute 'dbo_memory_budget': .*share of device memory in \[0, 1\], got 2.0"):
+        PassManager(parse_pipeline("dbo-slots")).run(too_large)
+    bad_margin = planned()
+    bad_margin.attrs["dbo_memory_margin"] = 1.5
+    with pytest.raises(PassError, match=r"header attribute 'dbo_memory_margin': .*\[0, 1\), got 1.5"):
+        PassManager(parse_pipeline("dbo-slots")).run(bad_margin)

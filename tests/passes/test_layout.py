@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from passes.manager import PASS_REGISTRY
@@ -78,3 +79,29 @@ def test_the_ir_imports_nothing_of_ours() -> None:
     for path in python_files(ROOT / "tessera_ir"):
         bad = {m for m in imported_modules(path) if m.split(".")[0] in ours}
         assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
+
+
+def test_the_support_layer_imports_nothing_of_ours_and_nothing_outside_the_standard_library() -> None:
+    # It sits below the IR and beside the runtime, which a trainer embeds without the compiler.
+    import sys
+
+    for path in python_files(ROOT / "support"):
+        outside = {
+            m for m in imported_modules(path)
+            if m.split(".")[0] != "support" and m.split(".")[0] not in sys.stdlib_module_names and m != "__future__"
+        }
+        assert not outside, f"{path.relative_to(ROOT)} imports {sorted(outside)}"
+
+
+def test_nothing_of_ours_forks_or_loads_an_extension_except_through_the_support_layer() -> None:
+    # One place each for forked helpers (which must die with their parent) and extension loading.
+    for package in ("tessera_ir", "passes", "frontend", "codegen", "runtime", "tessera"):
+        for path in python_files(ROOT / package):
+            text = path.read_text()
+            assert "os.fork(" not in text, f"{path.relative_to(ROOT)} forks; use support.processes"
+            assert not re.search(r"environ[^\n]*_EXTENSION", text), (
+                f"{path.relative_to(ROOT)} finds an extension build itself; use support.extensions"
+            )
+            assert "gc.set_threshold" not in text and "gc.freeze(" not in text, (
+                f"{path.relative_to(ROOT)} tunes the collector; use support.collector"
+            )

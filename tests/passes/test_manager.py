@@ -123,7 +123,9 @@ def test_every_registered_pass_describes_its_options() -> None:
             assert info.help or name == "test-tag", f"option {info.name} of {name} has no help text"
     shown = {o.name: o for o in describe_options(get_pass_class("partition"))}
     assert (shown["search"].type, shown["search"].default) == ("window|global", "window")
-    assert (shown["memory-gib"].type, shown["memory-gib"].default) == ("float (optional)", "unset")
+    assert (shown["time-limit"].type, shown["time-limit"].default) == ("float", "60.0")
+    jobs = {o.name: o for o in describe_options(get_pass_class("overlap-schedule"))}["jobs"]
+    assert (jobs.type, jobs.default) == ("int (optional)", "unset")
 
 
 def test_a_bad_option_fails_before_anything_heavy_is_imported() -> None:
@@ -246,3 +248,42 @@ def test_work_left_running_finishes_after_the_last_pass_or_is_cancelled() -> Non
     events.clear()
     Leaves().apply(module)  # outside a pass manager the work finishes at once
     assert events == ["finish", "applied"]
+
+
+# ---------------------------------------------------------------- plan ops a pass needs and makes
+
+
+def test_a_pass_needing_ops_no_earlier_pass_makes_is_refused_when_the_pipeline_is_parsed() -> None:
+    """For a module just captured (no plan ops), the pipeline is checked as it is parsed."""
+    with pytest.raises(PassError, match=r"pass 'partition' needs the plan's 'candidate' ops.*'candidates' makes them, "
+                                        r"but runs after it here: move 'candidates' before 'partition'"):
+        parse_pipeline("partition,candidates", available=())
+    with pytest.raises(PassError, match=r"pass 'pipeline' needs the plan's 'partition' ops.*run 'partition' before it"):
+        parse_pipeline("candidates,overlap-schedule,pipeline", available=())
+    with pytest.raises(PassError, match=r"pass 'refine-bottleneck' needs the plan's 'pair_schedule' ops.*"
+                                        r"run 'overlap-schedule' before it"):
+        parse_pipeline("candidates,partition,refine-bottleneck", available=())
+    full = "candidates,wgrad-deadlines,overlap-schedule,profile,partition,refine-bottleneck,dbo-slots,pipeline"
+    assert [p.name for p in parse_pipeline(full, available=())] == full.split(",")
+    assert parse_pipeline("partition,candidates")  # the module is not known yet: the manager checks it
+
+
+def test_the_manager_checks_the_pipeline_against_the_module_before_any_pass_runs() -> None:
+    from tessera_ir.printer import print_module
+
+    module = synthetic_module(QWEN3_NEXT_PATTERN)
+    before = print_module(module)
+    with pytest.raises(PassError, match=r"pass 'partition' needs the plan's 'candidate' ops, but the module holds no "
+                                        r"candidate op"):
+        PassManager(parse_pipeline("partition,candidates")).run(module)
+    assert print_module(module) == before  # not even candidates ran
+    PassManager(parse_pipeline("candidates")).run(module)
+    PassManager(parse_pipeline("partition")).run(module)  # the module holds what partition needs now
+    assert module.plan_ops("partition")
+
+
+def test_every_registered_pass_declares_only_plan_op_kinds() -> None:
+    kinds = {"candidate", "pair", "pair_schedule", "partition", "dbo_slot", "dbo_pool", "pipeline", "program"}
+    for name in PASS_REGISTRY:
+        cls = get_pass_class(name)
+        assert set(cls.requires) <= kinds and set(cls.produces) <= kinds, name

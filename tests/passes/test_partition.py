@@ -258,7 +258,8 @@ def test_partition_pass_memory_error_is_clear():
     m = _module()
     CandidatesPass(window=1).apply(m)
     with pytest.raises(TesseraError, match=r"device \d+ needs \d+ bytes .* available"):
-        PartitionPass(memory_gib=0.5).apply(m)
+        m.attrs["memory_gib"] = 0.5
+        PartitionPass().apply(m)
 
 
 def test_partition_pass_refuses_missing_candidates():

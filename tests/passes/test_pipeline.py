@@ -86,12 +86,11 @@ def test_every_rank_runs_its_program_to_the_end_with_dependencies_met(module: Mo
 def test_text_round_trips_and_output_is_deterministic(module: Module) -> None:
     text = print_module(module)
     assert print_module(parse_module(text)) == text
-    p = ParallelConfig.from_attrs(module.attrs)
-    combined = module.plan_ops("pipeline")[0].attrs["combined"] is True
+    p = ParallelConfig.from_attrs(module.attrs)  # the pipeline order (combined) with the rest of the header
     groups = len(module.decoder_layers()) // len(QWEN3_NEXT_PATTERN)
     again = synthetic_module(QWEN3_NEXT_PATTERN * groups, gemm_flops=10**10, mixer_flops=10**10, a2a_bytes=10**6,
                              param_bytes=10**6, parallel=p)
-    PassManager(parse_pipeline(PLANNING + (",pipeline{combined=true}" if combined else ",pipeline"))).run(again)
+    PassManager(parse_pipeline(PLANNING + ",pipeline")).run(again)
     assert print_module(again) == text
     assert plan_bytes(again) == plan_bytes(module)
 

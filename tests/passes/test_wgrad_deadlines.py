@@ -41,7 +41,8 @@ def _finishes(module: Module) -> list[dict[str, float]]:
 
 def test_deadlines_bind_and_the_schedules_meet_them():
     serial, bound = _module(), _module()
-    run_passes(bound, "wgrad-deadlines{memory-gib=12}")
+    bound.attrs["memory_gib"] = 12.0  # a run-wide setting, in the header
+    run_passes(bound, "wgrad-deadlines")
     deadlines = _deadlines(bound)
     assert set(deadlines) == {"l1.expert_gemm.wgrad", "l2.expert_gemm.wgrad", "l3.expert_gemm.wgrad"}
     # They bind: a valid schedule that ignores them (every task back to back, the wgrads last)
@@ -68,8 +69,10 @@ def test_no_deadline_where_the_device_holds_every_output_gradient():
 
 def test_a_second_run_replaces_the_first_runs_deadlines():
     module = _module()
-    run_passes(module, "wgrad-deadlines{memory-gib=12}")
+    module.attrs["memory_gib"] = 12.0  # a run-wide setting, in the header
+    run_passes(module, "wgrad-deadlines")
     assert _deadlines(module)
+    del module.attrs["memory_gib"]  # the target hardware's memory: room for every output gradient
     run_passes(module, "wgrad-deadlines")
     assert _deadlines(module) == {}
 
@@ -109,5 +112,6 @@ def test_a_deadline_is_never_before_the_task_can_finish():
 def test_the_pass_leaves_forward_tasks_alone():
     module = _module()
     before = copy.deepcopy([t.attrs for t in module.tasks() if t.phase is Phase.FWD])
-    run_passes(module, "wgrad-deadlines{memory-gib=12}")
+    module.attrs["memory_gib"] = 12.0  # a run-wide setting, in the header
+    run_passes(module, "wgrad-deadlines")
     assert [t.attrs for t in module.tasks() if t.phase is Phase.FWD] == before

@@ -22,6 +22,11 @@ from tessera_ir.printer import print_module
 from synthetic_ir import QWEN3_NEXT_PATTERN, synthetic_module
 
 
+def body(path: Path) -> dict:  # type: ignore[type-arg]
+    """A schedule entry's body (after the cache protocol's header line)."""
+    return json.loads(path.read_text().split("\n", 1)[1])  # type: ignore[no-any-return]
+
+
 def many_pairs_module() -> Module:
     module = synthetic_module(QWEN3_NEXT_PATTERN, parallel=ParallelConfig(ep=8))
     pairs = [([f"l{i}"], [f"l{j}"]) for i in range(4) for j in range(4)] + [(["l0", "l1"], ["l2", "l3"])]
@@ -55,7 +60,7 @@ def test_warm_run_reuses_every_schedule_and_prints_the_same_plan(tmp_path: Path,
     assert print_module(warm) == print_module(cold) == print_module(uncached)
     entries = list((tmp_path / "schedules").glob("*.json"))
     assert len(entries) == scheduled
-    assert all(json.loads(p.read_text())["proven"] is True for p in entries)  # verify=new proved each once
+    assert all(body(p)["proven"] is True for p in entries)  # verify=new proved each once
 
 
 def test_changing_one_layer_cost_reschedules_only_its_dags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -82,13 +87,13 @@ def test_damaged_or_foreign_entries_are_ignored_with_a_warning(tmp_path: Path, m
     OverlapSchedulePass(cache=False, jobs=1).apply(clean)
     entries = sorted((tmp_path / "schedules").glob("*.json"))
     entries[0].write_text("{not json")
-    foreign = json.loads(entries[1].read_text())
-    foreign["key"] = "0" * 64
-    entries[1].write_text(json.dumps(foreign))
+    # Another entry's file in this one's place: it names the other key.
+    entries[1].write_bytes(entries[3].read_bytes())
     # A well-formed entry whose schedule is wrong: every task at time 0.
-    bad = json.loads(entries[2].read_text())
+    bad = body(entries[2])
     bad["start"] = [0.0] * len(bad["start"])
-    entries[2].write_text(json.dumps(bad))
+    key = entries[2].stem
+    ScheduleCache(tmp_path).disk.write(key, json.dumps(bad))
     seen = counting(monkeypatch)
     module = many_pairs_module()
     with warnings.catch_warnings(record=True) as caught:
@@ -152,5 +157,5 @@ def test_no_cache_turns_off_only_passes_that_have_a_cache() -> None:
 
 def test_verify_sample_proves_exactly_the_sampled_dags(tmp_path: Path) -> None:
     OverlapSchedulePass(cache_dir=str(tmp_path), jobs=1, verify="sample").apply(many_pairs_module())
-    entries = [json.loads(p.read_text()) for p in (tmp_path / "schedules").glob("*.json")]
-    assert entries and all(e["proven"] is sampled(e["key"]) for e in entries)
+    entries = {p.stem: body(p) for p in (tmp_path / "schedules").glob("*.json")}
+    assert entries and all(e["proven"] is sampled(key) for key, e in entries.items())
