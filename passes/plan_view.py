@@ -8,7 +8,9 @@ The IR holds the plan as ops that refer to each other (``docs/ir.md``)::
     plan pair_schedule @sched.2 {pairs = [@pair.4, ...], ...} { @l6.attention.fwd {start = 0.0, ...} ... }
     plan partition @partition {stages = [@cand.s0.c1, @cand.s1.c0, ...], ...}
 
-``PlanView(module)`` follows those references: a pair's forward and backward layers come
+Each op is read through its declaration (``tessera_ir/plan_ops.py``), so an op the verifier's
+``plan-ops-declared`` check refuses is refused here with the same error, line and column, whether
+or not the module was verified. ``PlanView(module)`` follows the references: a pair's forward and backward layers come
 from its ``fwd_candidate`` / ``bwd_candidate`` (a hand-written pair may list ``fwd`` / ``bwd``
 layers instead), its schedule from ``schedule``, the chosen candidates from the partition's
 ``stages``. On top it gives what readers of a plan need: the target ``Hardware`` and

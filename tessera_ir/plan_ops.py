@@ -36,7 +36,12 @@ class PlanOpError(VerifyError):
     """A plan op its definition refuses, raised by an accessor: the text the verifier reports."""
 
     def __init__(self, message: str, line: int | None = None, column: int | None = None, source: str | None = None):
+        self.detail = message
         super().__init__(CHECK_NAME, message, line, column, source)
+
+    def __reduce__(self) -> tuple[type[PlanOpError], tuple[str, int | None, int | None, str | None]]:
+        # Rebuilt from its parts (a worker process may raise it): Exception's default passes only the text.
+        return PlanOpError, (self.detail, self.line, self.column, self.source)
 
 
 # ---------------------------------------------------------------------------------- attribute types

@@ -3,6 +3,7 @@ reported by the verifier's plan-ops-declared check and raised the same way by th
 
 from __future__ import annotations
 
+import pickle
 import re
 from pathlib import Path
 
@@ -119,6 +120,8 @@ def test_a_missing_required_attribute_is_refused_naming_op_line_and_field(kind: 
     with pytest.raises(PlanOpError) as info:
         ACCESSORS[kind].read(module, op, entries=True)
     assert str(info.value) == str(err)
+    copy = pickle.loads(pickle.dumps(info.value))  # as a worker process would send it
+    assert str(copy) == str(err) and (copy.check, copy.line) == ("plan-ops-declared", line)
 
 
 def test_wrong_types_and_references_are_refused() -> None:
