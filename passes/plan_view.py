@@ -47,7 +47,15 @@ from tessera_ir.errors import TesseraError
 from tessera_ir.kinds import Phase
 from tessera_ir.model import Layer, Module, PlanEntry, PlanOp, SymbolRef, Task, Value
 from tessera_ir.parallel import ParallelConfig
-from tessera_ir.plan_ops import CandidateOp, PairOp, PairScheduleOp, PartitionOp, entity_kinds
+from tessera_ir.plan_ops import (
+    CandidateOp,
+    PairOp,
+    PairScheduleOp,
+    PartitionOp,
+    ScheduleEntry,
+    entity_kinds,
+    schedule_entry,
+)
 
 ChunkKey = tuple[str, ...]  # the layer names a candidate (or a pair side) holds
 # What a schedule depends on in a pair side, task by task: everything but the task names.
@@ -58,10 +66,6 @@ class PlanError(TesseraError):
     """A plan the view cannot read as a whole (a stage outside the pipeline, a schedule that does not fit
     its pair). An op its declaration refuses raises ``tessera_ir.plan_ops.PlanOpError`` instead, the
     verifier's error for it."""
-
-
-def _number(value: Value | None) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 @dataclass(frozen=True, eq=False)
@@ -385,21 +389,28 @@ class PlanView:
         from the entries themselves, so reading a schedule needs no hardware description.
         """
         sched = self.schedule_op(name)
-        by_ref = {e.ref: e for e in sched.entries}
+        by_ref = self._schedule_entries(sched)
 
-        def entry_number(task: Task, attr: str) -> float:
+        def entry_of(task: Task) -> ScheduleEntry:
             entry = by_ref.get(task.name)
-            value = _number(entry.attrs.get(attr)) if entry else None
-            if value is None:
-                raise PlanError(f"pair_schedule @{sched.name} gives no numeric '{attr}' for task @{task.name}")
-            return value
+            if entry is None:
+                raise PlanError(f"pair_schedule @{sched.name} has no entry for task @{task.name}; rerun overlap-schedule")
+            return schedule_entry(entry)
 
         first = self._first_pair(sched)
-        declared = PairScheduleOp(sched)  # read (and so checked) by _first_pair
-        fwd = side_tasks(first.fwd_layers, FWD, lambda t: entry_number(t, "duration"), first.name)
-        dag = join_sides(fwd, side_tasks(first.bwd_layers, BWD, lambda t: entry_number(t, "duration"), first.name), first.name)
-        start = [entry_number(self.tasks[t.name], "start") for t in dag.tasks]
+        declared = PairScheduleOp(sched)  # read (and so checked) by _schedule_entries
+        fwd = side_tasks(first.fwd_layers, FWD, lambda t: entry_of(t).duration, first.name)
+        dag = join_sides(fwd, side_tasks(first.bwd_layers, BWD, lambda t: entry_of(t).duration, first.name), first.name)
+        start = [entry_of(self.tasks[t.name]).start for t in dag.tasks]
         return PairSchedule(dag, start, declared.method, status=declared.status)
+
+    def _schedule_entries(self, sched: PlanOp) -> dict[str, PlanEntry]:
+        """A pair_schedule's entries by task, once its declaration has accepted it, entries included."""
+        by_name = self._entries.get(sched.name)
+        if by_name is None:
+            PairScheduleOp.read(self.module, sched, self._kind_of, entries=True)
+            by_name = self._entries[sched.name] = {e.ref: e for e in sched.entries}
+        return by_name
 
     def scheduled_tasks(self, pair: Pair) -> list[ScheduledTask]:
         """The pair's tasks in its schedule's stream order, with their in-pair dependencies.
@@ -467,9 +478,7 @@ class PlanView:
         matched by position) share the result."""
         sched = pair.schedule
         assert sched is not None
-        by_name = self._entries.get(sched.name)
-        if by_name is None:
-            by_name = self._entries[sched.name] = {e.ref: e for e in sched.entries}
+        by_name = self._schedule_entries(sched)
         named = not dag.tasks or dag.tasks[0].name in by_name  # else no match by name is possible
         if named and len(by_name) == len(dag.tasks) and all(t.name in by_name for t in dag.tasks):
             matched, cache_key = [by_name[t.name] for t in dag.tasks], None
@@ -496,11 +505,10 @@ class PlanView:
         keys = []
         for t, e in zip(dag.tasks, matched):
             own = t.resource.value
-            stream = e.attrs.get("stream", own)
-            if stream != own:
-                raise PlanError(f"pair_schedule @{sched.name} puts {own} task @{t.name} on stream '{stream}'")
-            position, start = _number(e.attrs.get("order")), _number(e.attrs.get("start"))
-            keys.append((stream, math.inf if position is None else position, 0.0 if start is None else start))
+            slot = schedule_entry(e)
+            if slot.stream != own:
+                raise PlanError(f"pair_schedule @{sched.name} puts {own} task @{t.name} on stream '{slot.stream}'")
+            keys.append((own, math.inf if slot.order is None else float(slot.order), slot.start))
         order = [0] * len(dag.tasks)
         for r in RESOURCES:
             name = r.value

@@ -607,6 +607,25 @@ class PairScheduleOp(DeclaredOp):
         return self._str("status") or ""
 
 
+@dataclass(frozen=True)
+class ScheduleEntry:
+    """An entry of a ``pair_schedule``: its task's start and duration (µs), stream and position on it."""
+
+    task: str
+    start: float
+    duration: float
+    stream: str
+    order: int | None
+
+
+def schedule_entry(entry: PlanEntry) -> ScheduleEntry:
+    """An entry of a ``pair_schedule`` op that ``read(..., entries=True)`` accepted."""
+    a = entry.attrs
+    stream, order = a.get("stream"), a.get("order")
+    return ScheduleEntry(entry.ref, _float(a.get("start")), _float(a.get("duration")), stream if type(stream) is str else "",
+                         order if type(order) is int else None)
+
+
 class PartitionOp(DeclaredOp):
     DEF = PARTITION
 

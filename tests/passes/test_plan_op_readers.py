@@ -66,3 +66,19 @@ def test_dbo_readers_refuse_what_the_verifier_refuses(old: str, new: str, field:
         with pytest.raises(PlanOpError) as info:
             read(parse_module(text, source=str(path)))
         assert str(info.value) == str(expected), read
+
+
+def test_a_schedule_entry_without_its_start_is_refused_by_the_view_as_by_the_verifier() -> None:
+    path = INVALID / "plan-ops-declared_invalid.tir"
+    text = path.read_text().replace("last = 0, stage = 0", "last = 0, layers = [@l0], stage = 0")
+    old = '@l0.dense_mlp.fwd {duration = 1.5, start = 1.5, stream = "compute"}'
+    assert old in text
+    text = text.replace(old, '@l0.dense_mlp.fwd {duration = 1.5, stream = "compute"}')
+    expected = _verify_error(text, str(path))
+    assert expected.check == "plan-ops-declared" and "entry '@l0.dense_mlp.fwd'" in expected.message
+    assert "has no 'start'" in expected.message
+    view = PlanView(parse_module(text, source=str(path)))
+    for read in (lambda: view.schedule("sched.0"), lambda: view.scheduled_tasks(view.pair("sched.0.pair"))):
+        with pytest.raises(PlanOpError) as info:
+            read()
+        assert str(info.value) == str(expected)
