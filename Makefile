@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast lint sanitize bench clean
+.PHONY: setup demo test test-fast lint sanitize bench clean plan-op-tables
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -74,6 +74,10 @@ sanitize: $(STAMP)
 
 test-fast: $(STAMP)
 	$(BIN)/pytest -q -m "not slow"
+
+# Rewrite docs/ir.md's plan op tables from their declarations (tessera_ir/plan_ops.py).
+plan-op-tables: $(STAMP)
+	$(BIN)/python -c 'from tessera_ir.plan_ops import regenerate; regenerate("docs/ir.md")'
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

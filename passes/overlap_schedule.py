@@ -87,6 +87,7 @@ from passes.scheduling.pair_dag import PairDAG, join_sides
 from passes.scheduling.schedule import PairSchedule, schedule_op
 from tessera_ir.errors import TesseraError
 from tessera_ir.model import Module, PlanOp, SymbolRef
+from tessera_ir.plan_ops import PairScheduleOp, entity_kinds
 
 
 def plan_entries(op: PlanOp) -> list[ScheduleEntry]:
@@ -113,12 +114,10 @@ def check_plan_schedules(module: Module) -> int:
     """
     view = PlanView(module)
     checked = 0
+    kind_of = entity_kinds(module)
     for sched in module.plan_ops("pair_schedule"):
-        pairs = sched.attrs.get("pairs", [])
-        first = pairs[0] if isinstance(pairs, list) and pairs else None
-        if not isinstance(first, SymbolRef) or first.name not in view.ops:
-            raise ScheduleError(f"pair_schedule @{sched.name} names no existing pair in 'pairs'; rerun overlap-schedule")
-        dag = view.pair_dag(view.pair(first.name))
+        first = PairScheduleOp.read(module, sched, kind_of).pairs[0]  # declared: a non-empty list of pairs
+        dag = view.pair_dag(view.pair(first))
         check_schedule(dag, plan_entries(sched), where=f"pair_schedule @{sched.name}")
         checked += 1
     return checked

@@ -41,6 +41,7 @@ from passes.pipelining.lowering import Lowering, SlotFigures, SlotTable, Stage, 
 from passes.plan_view import PlanView
 from tessera_ir.errors import TesseraError
 from tessera_ir.model import Attrs, Module, PlanEntry, PlanOp, SymbolRef, Value
+from tessera_ir.plan_ops import DBO_SLOT, DboSlotOp, entity_kinds, slot_entry
 from tessera_ir.programs import PIPELINE_OP, PROGRAM_OP, program_op
 
 
@@ -87,20 +88,23 @@ class PipelinePass(ModulePass):
 
 
 def dbo_slot_table(module: Module) -> SlotTable:
-    """The ``dbo_slot`` ops of kind ``a2a_wait`` (from ``dbo-slots``): per step kind, per compute task, its slot."""
+    """The ``dbo_slot`` ops of kind ``a2a_wait`` (from ``dbo-slots``): per step kind, per compute task, its slot.
+
+    Each op is read through its declaration (``tessera_ir.plan_ops``), which refuses a malformed one
+    as the verifier does."""
     table: SlotTable = {}
+    kind_of = None
     for op in module.plan:
-        if op.op != "dbo_slot" or op.attrs.get("kind") != "a2a_wait":
+        if op.op != DBO_SLOT.kind:
             continue
-        key = (_layer_names(op.attrs.get("fwd")), _layer_names(op.attrs.get("bwd")))
-        per_task = table.setdefault(key, {})
+        kind_of = kind_of or entity_kinds(module)
+        slot = DboSlotOp.read(module, op, kind_of, entries=True)
+        if slot.kind != "a2a_wait":
+            continue
+        per_task = table.setdefault((slot.fwd, slot.bwd), {})
         for entry in op.entries:
-            waits_on = entry.attrs.get("waits_on")
-            if not isinstance(waits_on, SymbolRef):
-                raise PassError(f"pipeline: dbo_slot @{op.name} gives @{entry.ref} no 'waits_on' All-to-All; rerun dbo-slots")
-            per_task[entry.ref] = SlotFigures(
-                waits_on.name, _figure(op, entry, "base_us"), _figure(op, entry, "a2a_us"), _figure(op, entry, "gemm_us")
-            )
+            figures = slot_entry(entry)
+            per_task[entry.ref] = SlotFigures(figures.waits_on, figures.base_us, figures.a2a_us, figures.gemm_us)
     return table
 
 
@@ -112,18 +116,8 @@ def memory_budget(module: Module) -> int:
     """
     budgets = []
     for op in module.plan:
-        value = op.attrs.get("memory_budget_bytes")
-        if op.op == "dbo_slot" and op.attrs.get("kind") == "recv_wait" and isinstance(value, int):
-            budgets.append(value)
+        if op.op == DBO_SLOT.kind:
+            slot = DboSlotOp.read(module, op)
+            if slot.kind == "recv_wait" and slot.memory_budget_bytes is not None:
+                budgets.append(slot.memory_budget_bytes)
     return min(budgets) if budgets else 0
-
-
-def _layer_names(value: Value | None) -> tuple[str, ...]:
-    return tuple(v.name for v in value if isinstance(v, SymbolRef)) if isinstance(value, list) else ()
-
-
-def _figure(op: PlanOp, entry: PlanEntry, key: str) -> float:
-    value = entry.attrs.get(key)
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise PassError(f"pipeline: dbo_slot @{op.name} gives @{entry.ref} no number '{key}'; rerun dbo-slots")
-    return float(value)

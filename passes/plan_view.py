@@ -8,7 +8,9 @@ The IR holds the plan as ops that refer to each other (``docs/ir.md``)::
     plan pair_schedule @sched.2 {pairs = [@pair.4, ...], ...} { @l6.attention.fwd {start = 0.0, ...} ... }
     plan partition @partition {stages = [@cand.s0.c1, @cand.s1.c0, ...], ...}
 
-``PlanView(module)`` follows those references: a pair's forward and backward layers come
+Each op is read through its declaration (``tessera_ir/plan_ops.py``), so an op the verifier's
+``plan-ops-declared`` check refuses is refused here with the same error, line and column, whether
+or not the module was verified. ``PlanView(module)`` follows the references: a pair's forward and backward layers come
 from its ``fwd_candidate`` / ``bwd_candidate`` (a hand-written pair may list ``fwd`` / ``bwd``
 layers instead), its schedule from ``schedule``, the chosen candidates from the partition's
 ``stages``. On top it gives what readers of a plan need: the target ``Hardware`` and
@@ -45,6 +47,15 @@ from tessera_ir.errors import TesseraError
 from tessera_ir.kinds import Phase
 from tessera_ir.model import Layer, Module, PlanEntry, PlanOp, SymbolRef, Task, Value
 from tessera_ir.parallel import ParallelConfig
+from tessera_ir.plan_ops import (
+    CandidateOp,
+    PairOp,
+    PairScheduleOp,
+    PartitionOp,
+    ScheduleEntry,
+    entity_kinds,
+    schedule_entry,
+)
 
 ChunkKey = tuple[str, ...]  # the layer names a candidate (or a pair side) holds
 # What a schedule depends on in a pair side, task by task: everything but the task names.
@@ -52,11 +63,9 @@ SideSignature = tuple[tuple[str, str, float, tuple[int, ...], bool, float | None
 
 
 class PlanError(TesseraError):
-    """A plan op the view cannot read: a missing or dangling reference, a malformed attribute."""
-
-
-def _number(value: Value | None) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    """A plan the view cannot read as a whole (a stage outside the pipeline, a schedule that does not fit
+    its pair). An op its declaration refuses raises ``tessera_ir.plan_ops.PlanOpError`` instead, the
+    verifier's error for it."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -99,18 +108,17 @@ class Pair:
 
     @property
     def device(self) -> int | None:
-        value = self.op.attrs.get("device")
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
+        return PairOp(self.op).device
 
     @property
     def post_overlap_us(self) -> float | None:
         """The pair's post-overlap cost from ``profile`` (µs), if profiled."""
-        return _number(self.op.attrs.get("post_overlap_us"))
+        return PairOp(self.op).post_overlap_us
 
     @property
     def makespan(self) -> float | None:
         """The makespan of the pair's schedule from ``overlap-schedule`` (µs), if scheduled."""
-        return _number(self.op.attrs.get("makespan"))
+        return PairOp(self.op).makespan
 
     def cost(self) -> tuple[float, str] | None:
         """(µs, attribute it came from): the post-overlap cost, else the schedule's makespan."""
@@ -177,6 +185,8 @@ class PlanView:
         self.ops: dict[str, PlanOp] = {}
         for op in module.plan:
             self.ops.setdefault(op.name, op)  # the first of a repeated name, as a scan would find
+        # Plan ops are read through their declarations (tessera_ir/plan_ops.py), which resolve references by this.
+        self._kind_of = entity_kinds(module)
         self._durations: dict[str, float] = {}
         self._utilisation: dict[str, tuple[float, float]] = {}
         self._sides = _SideCache()
@@ -257,29 +267,18 @@ class PlanView:
         return found
 
     def _candidate(self, op: PlanOp) -> Candidate:
+        cand = CandidateOp.read(self.module, op, self._kind_of)
         stages, n = self.parallel.virtual_stages, len(self.module.decoder_layers())
-        stage, first, last = op.attrs.get("stage"), op.attrs.get("first"), op.attrs.get("last")
-        if not isinstance(stage, int) or not 0 <= stage < stages:
+        stage, first, last = cand.stage, cand.first, cand.last
+        if not stage < stages:
             raise PlanError(f"candidate @{op.name} has stage {stage!r}; expected 0..{stages - 1} (pp x vpp stages)")
-        if not isinstance(first, int) or not isinstance(last, int) or not 0 <= first <= last < n:
+        if not first <= last < n:
             raise PlanError(f"candidate @{op.name} has range {first!r}..{last!r}, outside decoder layers 0..{n - 1}")
-        layers = self._layer_list(op, "layers") if "layers" in op.attrs else self.stage_layers(stage, (first, last))
-        return Candidate(op, stage, (first, last), tuple(layers), bool(op.attrs.get("in_window", True)))
+        return Candidate(op, stage, (first, last), self._layer_list(cand.layers), cand.in_window)
 
-    def _layer_list(self, op: PlanOp, key: str) -> list[Layer]:
-        value = op.attrs.get(key, [])
-        if not isinstance(value, list):
-            raise PlanError(f"{op.op} @{op.name}: '{key}' must be a list of layer references like [@l0, @l1]")
-        out = []
-        for ref in value:
-            layer = self.layers.get(ref.name) if isinstance(ref, SymbolRef) else None
-            if layer is None:
-                raise PlanError(
-                    f"{op.op} @{op.name}: '{key}' names {ref!r}, which is no layer of module @{self.module.name}; "
-                    "list layers as @name (e.g. @l0)"
-                )
-            out.append(layer)
-        return out
+    def _layer_list(self, names: list[str]) -> tuple[Layer, ...]:
+        # The declaration has checked that each name is a layer's.
+        return tuple(self.layers[name] for name in names)
 
     # ------------------------------------------------------------------ pairs
 
@@ -314,33 +313,21 @@ class PlanView:
         return self._pair_by_chunks.get((key(fwd), key(bwd)))
 
     def _pair(self, op: PlanOp) -> Pair:
+        pair = PairOp.read(self.module, op, self._kind_of)
         sides: dict[str, tuple[tuple[Layer, ...], Candidate | None]] = {}
         for side in (FWD, BWD):
             ref_key = f"{side}_candidate"
-            cand = self.candidate(op.attrs[ref_key], f"pair @{op.name}: '{ref_key}'") if ref_key in op.attrs else None
-            listed = tuple(self._layer_list(op, side)) if side in op.attrs else None
+            cand_name = pair.candidate(side)
+            cand = self.candidate(SymbolRef(cand_name), f"pair @{op.name}: '{ref_key}'") if cand_name is not None else None
+            names = pair.layers(side)
+            listed = self._layer_list(names) if names is not None else None
             if cand is not None and listed is not None and listed != cand.layers:
                 raise PlanError(
                     f"pair @{op.name}: '{side}' lists {[x.name for x in listed]} but '{ref_key}' @{cand.name} holds "
                     f"{list(cand.chunk)}; give one of them"
                 )
             sides[side] = (cand.layers if cand is not None else listed or (), cand)
-        if not any(k in op.attrs for k in ("fwd", "bwd", "fwd_candidate", "bwd_candidate")):
-            raise PlanError(
-                f"pair @{op.name} names no layers; a pair gives 'fwd_candidate' and 'bwd_candidate' "
-                "(or hand-written 'fwd' and 'bwd' layer lists)"
-            )
-        schedule = None
-        ref = op.attrs.get("schedule")
-        if ref is not None:
-            name = ref.name if isinstance(ref, SymbolRef) else None
-            schedule = self.ops.get(name) if name is not None else None
-            if schedule is None or schedule.op != "pair_schedule":
-                shown = f"@{name}" if name is not None else repr(ref)
-                raise PlanError(
-                    f"pair @{op.name} names schedule {shown}, but the module has no pair_schedule {shown}; "
-                    "rerun overlap-schedule"
-                )
+        schedule = self.ops[pair.schedule] if pair.schedule is not None else None  # declared: a pair_schedule's name
         return Pair(op, sides[FWD][0], sides[BWD][0], sides[FWD][1], sides[BWD][1], schedule)
 
     # ------------------------------------------------------------------ pair DAGs
@@ -378,11 +365,7 @@ class PlanView:
     # ------------------------------------------------------------------ schedules
 
     def _first_pair(self, sched: PlanOp) -> Pair:
-        pairs = sched.attrs.get("pairs", [])
-        first = pairs[0] if isinstance(pairs, list) and pairs else None
-        if not isinstance(first, SymbolRef) or not isinstance(self.ops.get(first.name), PlanOp):
-            raise PlanError(f"pair_schedule @{sched.name} names no existing pair in 'pairs'; rerun overlap-schedule")
-        return self.pair(first.name)
+        return self.pair(PairScheduleOp.read(self.module, sched, self._kind_of).pairs[0])
 
     def schedule_op(self, name: str) -> PlanOp:
         """The pair_schedule op ``name`` names: a pair_schedule itself, or a pair's schedule."""
@@ -406,20 +389,28 @@ class PlanView:
         from the entries themselves, so reading a schedule needs no hardware description.
         """
         sched = self.schedule_op(name)
-        by_ref = {e.ref: e for e in sched.entries}
+        by_ref = self._schedule_entries(sched)
 
-        def entry_number(task: Task, attr: str) -> float:
+        def entry_of(task: Task) -> ScheduleEntry:
             entry = by_ref.get(task.name)
-            value = _number(entry.attrs.get(attr)) if entry else None
-            if value is None:
-                raise PlanError(f"pair_schedule @{sched.name} gives no numeric '{attr}' for task @{task.name}")
-            return value
+            if entry is None:
+                raise PlanError(f"pair_schedule @{sched.name} has no entry for task @{task.name}; rerun overlap-schedule")
+            return schedule_entry(entry)
 
         first = self._first_pair(sched)
-        fwd = side_tasks(first.fwd_layers, FWD, lambda t: entry_number(t, "duration"), first.name)
-        dag = join_sides(fwd, side_tasks(first.bwd_layers, BWD, lambda t: entry_number(t, "duration"), first.name), first.name)
-        start = [entry_number(self.tasks[t.name], "start") for t in dag.tasks]
-        return PairSchedule(dag, start, str(sched.attrs.get("method", "gap-fit")), status=str(sched.attrs.get("status", "")))
+        declared = PairScheduleOp(sched)  # read (and so checked) by _schedule_entries
+        fwd = side_tasks(first.fwd_layers, FWD, lambda t: entry_of(t).duration, first.name)
+        dag = join_sides(fwd, side_tasks(first.bwd_layers, BWD, lambda t: entry_of(t).duration, first.name), first.name)
+        start = [entry_of(self.tasks[t.name]).start for t in dag.tasks]
+        return PairSchedule(dag, start, declared.method, status=declared.status)
+
+    def _schedule_entries(self, sched: PlanOp) -> dict[str, PlanEntry]:
+        """A pair_schedule's entries by task, once its declaration has accepted it, entries included."""
+        by_name = self._entries.get(sched.name)
+        if by_name is None:
+            PairScheduleOp.read(self.module, sched, self._kind_of, entries=True)
+            by_name = self._entries[sched.name] = {e.ref: e for e in sched.entries}
+        return by_name
 
     def scheduled_tasks(self, pair: Pair) -> list[ScheduledTask]:
         """The pair's tasks in its schedule's stream order, with their in-pair dependencies.
@@ -487,9 +478,7 @@ class PlanView:
         matched by position) share the result."""
         sched = pair.schedule
         assert sched is not None
-        by_name = self._entries.get(sched.name)
-        if by_name is None:
-            by_name = self._entries[sched.name] = {e.ref: e for e in sched.entries}
+        by_name = self._schedule_entries(sched)
         named = not dag.tasks or dag.tasks[0].name in by_name  # else no match by name is possible
         if named and len(by_name) == len(dag.tasks) and all(t.name in by_name for t in dag.tasks):
             matched, cache_key = [by_name[t.name] for t in dag.tasks], None
@@ -516,11 +505,10 @@ class PlanView:
         keys = []
         for t, e in zip(dag.tasks, matched):
             own = t.resource.value
-            stream = e.attrs.get("stream", own)
-            if stream != own:
-                raise PlanError(f"pair_schedule @{sched.name} puts {own} task @{t.name} on stream '{stream}'")
-            position, start = _number(e.attrs.get("order")), _number(e.attrs.get("start"))
-            keys.append((stream, math.inf if position is None else position, 0.0 if start is None else start))
+            slot = schedule_entry(e)
+            if slot.stream != own:
+                raise PlanError(f"pair_schedule @{sched.name} puts {own} task @{t.name} on stream '{slot.stream}'")
+            keys.append((own, math.inf if slot.order is None else float(slot.order), slot.start))
         order = [0] * len(dag.tasks)
         for r in RESOURCES:
             name = r.value
@@ -540,13 +528,13 @@ class PlanView:
         op = next((p for p in self.module.plan if p.op == "partition"), None)
         if op is None:
             return None
-        refs = op.attrs.get("stages", [])
-        if not isinstance(refs, list) or len(refs) != self.parallel.virtual_stages:
+        names = PartitionOp.read(self.module, op, self._kind_of).stages
+        if len(names) != self.parallel.virtual_stages:
             raise PlanError(
                 f"partition @{op.name}: 'stages' must list one candidate per virtual stage "
-                f"({self.parallel.virtual_stages}); got {refs!r}"
+                f"({self.parallel.virtual_stages}); got {len(names)}"
             )
-        stages = tuple(self.candidate(ref, f"partition @{op.name}: 'stages'") for ref in refs)
+        stages = tuple(self.candidate(SymbolRef(name), f"partition @{op.name}: 'stages'") for name in names)
         return Partition(op, stages)
 
     def meeting_stages(self) -> dict[int, list[tuple[int, int]]]:

@@ -47,7 +47,8 @@ from passes.scheduling.check import check_schedule, entries_of
 from passes.scheduling.exact import exact
 from passes.scheduling.schedule import EPS, PairSchedule, schedule_op
 from tessera_ir.errors import TesseraError
-from tessera_ir.model import Module, PlanOp, SymbolRef, Value
+from tessera_ir.model import Module, PlanOp, Value
+from tessera_ir.plan_ops import PairScheduleOp
 from tessera_ir.run_settings import RunSettings
 
 # Plan ops derived from the partition, which a re-partition would leave stale.
@@ -158,7 +159,7 @@ class RefineBottleneckPass(ModulePass):
             return False
         verified = op.attrs.get("verified") is True
         check_schedule(dag, entries_of(result), f"pair_schedule @{op.name}", prove=verified)
-        pairs = [p.name for p in op.attrs.get("pairs", []) if isinstance(p, SymbolRef)]  # type: ignore[union-attr]
+        pairs = PairScheduleOp(op).pairs  # the pairs it serves, as its declaration reads them
         new = schedule_op(result, op.name, pairs, verified)
         new.attrs.update(proof)
         kept_attrs, kept_entries = dict(op.attrs), list(op.entries)

@@ -55,9 +55,10 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from tessera_ir.model import Attrs, Module, PlanEntry, PlanOp
+from tessera_ir.plan_ops import CANDIDATE, PIPELINE, PROGRAM, CandidateOp, ProgramOp, op_problems
 
-PIPELINE_OP = "pipeline"
-PROGRAM_OP = "program"
+PIPELINE_OP = PIPELINE.kind
+PROGRAM_OP = PROGRAM.kind
 
 RUN, DEFER, ALL_TO_ALL, GRAD_REDUCE, SEND, RECV, WAIT, SLOT, END = (
     "run", "defer", "all_to_all", "grad_reduce", "send", "recv", "wait", "slot", "end",
@@ -237,11 +238,6 @@ class ProgramProblem:
     message: str
 
 
-def _rank_attr(op: PlanOp, key: str) -> int | None:
-    value = op.attrs.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
-
-
 def read_programs(module: Module) -> tuple[list[Program], list[ProgramProblem]]:
     """Every ``program`` op of ``module`` read into instructions, and what could not be read."""
     programs: list[Program] = []
@@ -249,15 +245,13 @@ def read_programs(module: Module) -> tuple[list[Program], list[ProgramProblem]]:
     for op in module.plan:
         if op.op != PROGRAM_OP:
             continue
-        rank = _rank_attr(op, "rank")
-        if rank is None:
-            problems.append(ProgramProblem(op, None, f"has rank = {op.attrs.get('rank')!r}; it must be a pipeline rank >= 0"))
+        # The header through the program op's declaration; the instructions through Instruction.from_entry.
+        header = op_problems(op, entries=False)
+        if header:
+            problems.append(ProgramProblem(op, None, header[0].detail))
             continue
-        ep_rank = _rank_attr(op, "ep_rank")
-        if "ep_rank" in op.attrs and ep_rank is None:
-            problems.append(ProgramProblem(op, None, f"has ep_rank = {op.attrs['ep_rank']!r}; it must be an EP rank >= 0"))
-            continue
-        program = Program(op, rank, ep_rank)
+        declared = ProgramOp(op)
+        program = Program(op, declared.rank, declared.ep_rank)
         try:
             for k, entry in enumerate(op.entries):
                 try:
@@ -289,9 +283,8 @@ def stage_of_candidates(module: Module) -> dict[str, int]:
     """The virtual stage of every ``candidate`` op (the refs of send, recv and grad_reduce)."""
     out: dict[str, int] = {}
     for op in module.plan:
-        stage = op.attrs.get("stage")
-        if op.op == "candidate" and isinstance(stage, int) and not isinstance(stage, bool):
-            out.setdefault(op.name, stage)
+        if op.op == CANDIDATE.kind and not op_problems(op, entries=False):
+            out.setdefault(op.name, CandidateOp(op).stage)
     return out
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from support.processes import beside
+from tessera_ir import plan_ops
 from tessera_ir.errors import VerifyError
 from tessera_ir.kinds import (
     COMM_OPS,
@@ -593,9 +594,21 @@ def _layer_kinds(module: Module) -> Iterator[VerifyError]:
                 yield r.layer(layer, f"has ffn = {ffn} but holds feed-forward tasks ({', '.join(ffn_ops)})")
 
 
+@check(
+    "plan-ops-declared",
+    "every plan op of a declared kind has its required attributes and entry attributes, of their declared types, "
+    "its references name entities of the declared kinds, and it keeps its kind's own rules (tessera_ir/plan_ops.py)",
+)
+def _plan_ops_declared(module: Module) -> Iterator[VerifyError]:
+    kind_of = plan_ops.entity_kinds(module)
+    for op in module.plan:
+        for problem in plan_ops.op_problems(op, kind_of):
+            yield plan_ops.error_of(module, problem)
+
+
 # Plan ops whose entries are a sequence, not a table: a program's instructions name a task once
 # per micro-batch (tessera_ir/programs.py).
-SEQUENCE_OPS = frozenset({"program"})
+SEQUENCE_OPS = frozenset(kind for kind, definition in plan_ops.OP_DEFS.items() if definition.sequence)
 
 
 @check("plan-entries-unique", "no plan op lists a task twice (programs, which are sequences, may)")
@@ -645,7 +658,9 @@ def _side_layers(
         cand = ops.get(ref.name) if isinstance(ref, SymbolRef) else None
         if cand is None or cand.op != "candidate":
             return [], f"'{side}_candidate' of pair '@{pair.name}' is {spell_value(ref)}, which names no candidate"
-        value, holder = cand.attrs.get("layers", []), f"candidate '@{cand.name}'"
+        if "layers" not in cand.attrs:  # plan-ops-declared reports it
+            return [], f"candidate '@{cand.name}' has no 'layers'"
+        value, holder = cand.attrs["layers"], f"candidate '@{cand.name}'"
         side = "layers"
     if not isinstance(value, list) or not all(isinstance(v, SymbolRef) for v in value):
         return [], f"attribute '{side}' of {holder} must be a list of layers such as [@l0, @l1]"

@@ -62,8 +62,19 @@ from passes.simulation.routing import RoutingModel, RoutingSpec
 from passes.simulation.slots import POOL_MARGIN, annotate, pool_budgets
 from tessera_ir.errors import TesseraError
 from tessera_ir.kinds import FfnKind, Phase, Resource, TaskOp
-from tessera_ir.model import Layer, Module, PlanOp, SymbolRef, Task
+from tessera_ir.model import Layer, Module, PlanOp, Task
 from tessera_ir.parallel import ParallelConfig
+from tessera_ir.plan_ops import (
+    DBO_POOL,
+    DBO_SLOT,
+    PAIR_SCHEDULE,
+    DboPoolOp,
+    DboSlotOp,
+    PairScheduleOp,
+    entity_kinds,
+    pool_memory_bytes,
+    slot_entry,
+)
 from tessera_ir.run_settings import RunSettings
 
 ROUTED_OPS = frozenset({TaskOp.EXPERT_GEMM, TaskOp.DISPATCH, TaskOp.COMBINE})
@@ -201,7 +212,7 @@ class SimulationBuilder:
                 return self.view.pair_dag(pair), [s.order for s in self.view.scheduled_tasks(pair)], pair.post_overlap_us
             # Pairs the plan never met (the combined order meets other chunks than the plain
             # one does) and lone chunks: scheduled as the plan schedules.
-            method = str(next((op.attrs.get("method") for op in self.module.plan if op.op == "pair_schedule"), "gap-fit"))
+            method = next((PairScheduleOp(op).method for op in self.module.plan if op.op == PAIR_SCHEDULE.kind), "gap-fit")
             method = method if method in SCHEDULERS else "gap-fit"
         name = f"{'+'.join(key[0]) or '-'}|{'+'.join(key[1]) or '-'}"
         dag = join_sides(side_tasks(fwd, FWD, self.view.duration, name), side_tasks(bwd, BWD, self.view.duration, name), name)
@@ -419,14 +430,20 @@ class DboOps:
         self.slots: dict[tuple[ChunkKey, ChunkKey], PlanOp] = {}
         self.pools: dict[tuple[ChunkKey, ChunkKey], PlanOp] = {}
         self.devices: dict[int, PlanOp] = {}
+        # Read through their declarations (tessera_ir.plan_ops), which refuse a malformed op as the verifier does.
+        kind_of = None
         for op in module.plan:
-            if op.op == "dbo_slot" and op.attrs.get("kind") == "recv_wait":
-                device = op.attrs.get("device")
-                if isinstance(device, int):
-                    self.devices[device] = op
-            elif op.op in ("dbo_slot", "dbo_pool"):
-                key = program_key(op)
-                (self.slots if op.op == "dbo_slot" else self.pools)[key] = op
+            if op.op == DBO_SLOT.kind:
+                kind_of = kind_of or entity_kinds(module)
+                slot = DboSlotOp.read(module, op, kind_of, entries=True)
+                if slot.kind == "recv_wait" and slot.device is not None:
+                    self.devices[slot.device] = op
+                elif slot.kind != "recv_wait":
+                    self.slots[(slot.fwd, slot.bwd)] = op
+            elif op.op == DBO_POOL.kind:
+                kind_of = kind_of or entity_kinds(module)
+                pool = DboPoolOp.read(module, op, kind_of, entries=True)
+                self.pools[(pool.fwd, pool.bwd)] = op
 
     @property
     def present(self) -> bool:
@@ -437,13 +454,13 @@ class DboOps:
         slots = []
         op = self.slots.get(key)
         for e in op.entries if op is not None else []:
-            waits_on = e.attrs.get("waits_on")
-            comm = index.get(waits_on.name) if isinstance(waits_on, SymbolRef) else None
+            figures = slot_entry(e)
+            comm = index.get(figures.waits_on)
             if e.ref not in index or comm is None:
                 raise BuildError(f"dbo_slot @{op.name} names @{e.ref}, which is not in its program; rerun dbo-slots")  # type: ignore[union-attr]
             slots.append(sim.SlotAnnotation(
-                task=index[e.ref], slot_id=f"{op.name}.{e.ref}", base_us=float(e.attrs["base_us"]),  # type: ignore[union-attr, arg-type]
-                a2a_us=float(e.attrs["a2a_us"]), gemm_us=float(e.attrs["gemm_us"]),  # type: ignore[arg-type]
+                task=index[e.ref], slot_id=f"{op.name}.{e.ref}", base_us=figures.base_us,  # type: ignore[union-attr]
+                a2a_us=figures.a2a_us, gemm_us=figures.gemm_us,
                 routed=program.tasks[comm].routed,
                 waits_on=comm,
             ))
@@ -452,7 +469,7 @@ class DboOps:
         for e in op.entries if op is not None else []:
             if e.ref not in index:
                 raise BuildError(f"dbo_pool @{op.name} names @{e.ref}, which is not in its program; rerun dbo-slots")  # type: ignore[union-attr]
-            pool[index[e.ref]] = int(e.attrs["memory_bytes"])  # type: ignore[arg-type]
+            pool[index[e.ref]] = pool_memory_bytes(e)
         tasks = tuple(
             replace(t, deferrable=i in pool, memory_bytes=pool.get(i, t.memory_bytes)) for i, t in enumerate(program.tasks)
         )
@@ -462,31 +479,24 @@ class DboOps:
         out = []
         for r, actions in enumerate(inp.ranks):
             op = self.devices.get(r)
-            values = op.attrs.get("predicted_us") if op is not None else None
-            if not isinstance(values, list) or len(values) != len(actions):
+            values = DboSlotOp(op).predicted_us if op is not None else None  # read (and checked) by __init__
+            if values is None or len(values) != len(actions):
                 raise BuildError(
-                    f"dbo_slot for device {r} predicts {len(values) if isinstance(values, list) else 'no'} receive waits for "
+                    f"dbo_slot for device {r} predicts {len(values) if values is not None else 'no'} receive waits for "
                     f"{len(actions)} steps; rerun dbo-slots"
                 )
-            out.append([float(v) for v in values])  # type: ignore[arg-type]
+            out.append(values)
         return out
 
     def tails(self, pp: int) -> tuple[float, ...]:
         """Per device, the predicted idle after its last step (``tail_us``; 0 when a plan lacks it)."""
-        out = []
-        for r in range(pp):
-            value = self.devices[r].attrs.get("tail_us", 0.0) if r in self.devices else 0.0
-            out.append(float(value) if isinstance(value, (int, float)) else 0.0)
-        return tuple(out)
+        return tuple(DboSlotOp(self.devices[r]).tail_us if r in self.devices else 0.0 for r in range(pp))
 
     def budgets(self, pp: int) -> tuple[int, ...]:
-        return tuple(int(self.devices[r].attrs.get("memory_budget_bytes", 0)) if r in self.devices else 0 for r in range(pp))  # type: ignore[arg-type]
+        return tuple(DboSlotOp(self.devices[r]).memory_budget_bytes or 0 if r in self.devices else 0 for r in range(pp))
 
 
 def program_key(op: PlanOp) -> tuple[ChunkKey, ChunkKey]:
-    """The (forward layers, backward layers) a program-level op names in ``fwd`` / ``bwd``."""
-    def names(side: str) -> ChunkKey:
-        value = op.attrs.get(side, [])
-        return tuple(r.name for r in value if isinstance(r, SymbolRef)) if isinstance(value, list) else ()
-
-    return names("fwd"), names("bwd")
+    """The (forward layers, backward layers) a program-level op (``dbo_slot``, ``dbo_pool``) names in ``fwd`` / ``bwd``."""
+    declared = DboPoolOp(op) if op.op == DBO_POOL.kind else DboSlotOp(op)
+    return declared.fwd, declared.bwd

@@ -20,7 +20,9 @@ def test_the_report_prints_every_devices_peak_memory() -> None:
     assert "programs run the" not in text
 
 
-def test_the_report_says_when_the_programs_run_another_order_than_the_memory_figures() -> None:
-    module = planned(pp=2, vpp=2, microbatches=4, ep=8)
-    PassManager(parse_pipeline("pipeline{combined=false}")).run(module)
-    assert "the programs run the plain order, which holds fewer micro-batches in flight" in render_report(module)
+def test_the_memory_figures_and_the_programs_follow_the_order_the_header_sets() -> None:
+    module = planned(pp=2, vpp=2, microbatches=4, ep=8, combined=False)
+    PassManager(parse_pipeline("pipeline")).run(module)
+    text = render_report(module)
+    assert "its interleaved 1F1B order holds in flight" in text and "programs run the" not in text
+    assert next(op for op in module.plan if op.op == "pipeline").attrs["combined"] is False

@@ -200,6 +200,9 @@ def qwen3_next_like(num_layers: int = 94) -> Module:
         add_pair_schedule(module, f"sched.{layer.name}", [layer], [layer])
     for i in range(0, num_layers, 6):
         module.plan.append(
-            PlanOp("candidate", f"cand{i}", {"stage": i // 6, "first": i, "last": min(i + 5, num_layers - 1)})
+            PlanOp("candidate", f"cand{i}", {
+                "stage": i // 6, "first": i, "last": min(i + 5, num_layers - 1),
+                "layers": [SymbolRef(layer.name) for layer in module.decoder_layers()[i : i + 6]],
+            })
         )
     return module

@@ -26,6 +26,7 @@ from runtime.pair_executor import ExecTask, PairMeasurement
 from tessera_ir.kinds import Resource
 from tessera_ir.model import Module, PlanEntry, PlanOp, SymbolRef, Value
 from tessera_ir.parallel import ParallelConfig
+from tessera_ir.plan_ops import PlanOpError
 
 from synthetic_ir import synthetic_module
 
@@ -169,7 +170,7 @@ def test_a_schedule_that_does_not_fit_its_pair_is_an_error():
         ProfilePass().apply(m)
     m.plan_ops("pair")[1].attrs["schedule"] = SymbolRef("nowhere")
     m.plan = [p for p in m.plan if p.name != sched.name and p.name != "pair.0"]
-    with pytest.raises(PlanError, match="no pair_schedule @nowhere"):
+    with pytest.raises(PlanOpError, match="has 'schedule' naming '@nowhere', which names nothing; it must name a pair_schedule"):
         ProfilePass().apply(m)
 
 

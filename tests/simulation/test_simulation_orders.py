@@ -146,7 +146,8 @@ def test_the_builder_simulates_the_order_the_pipeline_pass_shipped() -> None:
     module = planned(pp=2, vpp=2, microbatches=4, ep=8)
     unlowered = SimulationBuilder(PlanView(module)).build()
     assert any(a.fwd is not None and a.bwd is not None for a in unlowered.ranks[0])  # ep > 1: combined pairs
-    PassManager(parse_pipeline("pipeline{combined=false}")).run(module)
+    module.attrs["combined"] = False  # the order variant is a run-wide setting in the header
+    PassManager(parse_pipeline("pipeline")).run(module)
     builder = SimulationBuilder(PlanView(module))
     inp = builder.build()
     assert builder.steps.from_programs and not builder.steps.combined
@@ -158,7 +159,8 @@ def test_the_builder_simulates_the_order_the_pipeline_pass_shipped() -> None:
 
 def test_programs_that_do_not_run_the_named_order_are_refused() -> None:
     module = planned(pp=2, vpp=2, microbatches=4, ep=8)
-    PassManager(parse_pipeline("pipeline{combined=true}")).run(module)
+    module.attrs["combined"] = True
+    PassManager(parse_pipeline("pipeline")).run(module)
     op = next(op for op in module.plan if op.op == "pipeline")
     op.attrs["combined"] = False  # the programs were lowered in the combined order: pairs interleave
     with pytest.raises(BuildError, match="of the plain order"):
