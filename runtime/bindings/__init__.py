@@ -5,12 +5,13 @@ registry (``register_binding``, ``binding_for``); one module per family
 registers its binding class when imported here, in this order:
 
 - ``tiny``: models laid out like ``examples/tiny_qwen3_next.py``;
-- ``hf_moe``: transformers' ``Qwen3MoeForCausalLM`` and ``MixtralForCausalLM``.
+- ``hf_moe``: transformers' ``Qwen3MoeForCausalLM`` and ``MixtralForCausalLM``;
+- ``hf_qwen3_next``: transformers' ``Qwen3NextForCausalLM``.
 """
 
 from __future__ import annotations
 
-from runtime.bindings import hf_moe, tiny
+from runtime.bindings import hf_moe, hf_qwen3_next, tiny
 from runtime.bindings.base import (
     DECODER_OPS,
     MIXER_KINDS,
@@ -30,10 +31,11 @@ from runtime.bindings.base import (
     unregister_binding,
 )
 from runtime.bindings.hf_moe import HFSparseMoeBinding, MixtralBinding, Qwen3MoeBinding
+from runtime.bindings.hf_qwen3_next import Qwen3NextBinding
 from runtime.bindings.tiny import TinyMoEBinding
 
 __all__ = [
     "DECODER_OPS", "MIXER_KINDS", "WEIGHTED_OPS", "BindingError", "DecoderParts", "HFSparseMoeBinding", "MixtralBinding",
-    "ModelBinding", "ModelParts", "Qwen3MoeBinding", "Routing", "TaskFn", "TinyMoEBinding", "binding_for", "hf_moe",
+    "ModelBinding", "ModelParts", "Qwen3MoeBinding", "Qwen3NextBinding", "Routing", "TaskFn", "TinyMoEBinding", "binding_for", "hf_moe", "hf_qwen3_next",
     "loss_fn", "register_binding", "registered_bindings", "task_boundary", "task_op", "tiny", "unregister_binding",
 ]

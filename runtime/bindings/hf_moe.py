@@ -78,12 +78,23 @@ class HFSparseMoeBinding(ModelBinding):
         parts = DecoderParts(
             index, block,
             child(block, ("input_layernorm",), where),
-            child(block, ("self_attn",), where),
+            cls.mixer_of(block, where),
             child(block, ("post_attention_layernorm",), where),
             mlp, router, experts, top_k,
+            *cls.shared_expert_of(mlp, where),
         )
         parts.expert_weights()
         return parts
+
+    @classmethod
+    def mixer_of(cls, block: nn.Module, where: str) -> nn.Module:
+        """The decoder layer's token mixer (its softmax attention ``self_attn`` here)."""
+        return child(block, ("self_attn",), where)
+
+    @classmethod
+    def shared_expert_of(cls, mlp: nn.Module, where: str) -> tuple[nn.Module | None, nn.Module | None]:
+        """(shared expert, its sigmoid gate) of the MoE block; (None, None) in families without one."""
+        return None, None
 
     @classmethod
     def check_model(cls, model: nn.Module) -> None:

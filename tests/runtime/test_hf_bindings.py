@@ -27,6 +27,8 @@ from runtime.bindings import (
     MixtralBinding,
     ModelBinding,
     Qwen3MoeBinding,
+    Qwen3NextBinding,
+    Routing,
     TinyMoEBinding,
     binding_for,
     register_binding,
@@ -43,8 +45,8 @@ pytest.importorskip("transformers")
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "tests" / "hf_training.py"
-CASES = [("qwen3_moe", {"norm_topk_prob": False}), ("qwen3_moe", {"norm_topk_prob": True}), ("mixtral", {})]
-IDS = ["qwen3_moe-unnormalised", "qwen3_moe-normalised", "mixtral"]
+CASES = [("qwen3_moe", {"norm_topk_prob": False}), ("qwen3_moe", {"norm_topk_prob": True}), ("mixtral", {}), ("qwen3_next", {})]
+IDS = ["qwen3_moe-unnormalised", "qwen3_moe-normalised", "mixtral", "qwen3_next"]
 
 
 @pytest.fixture
@@ -91,6 +93,7 @@ def test_the_registry_picks_the_family_of_the_model():
     assert {"tiny_qwen3_next", "qwen3_moe", "mixtral"} <= set(registered_bindings())
     assert binding_for(build(tiny_config("qwen3_moe"))) is Qwen3MoeBinding
     assert binding_for(build(tiny_config("mixtral"))) is MixtralBinding
+    assert binding_for(build(tiny_config("qwen3_next"))) is Qwen3NextBinding
     assert binding_for(tiny_example().TinyQwen3Next(tiny_example().TinyConfig(num_layers=2))) is TinyMoEBinding
     with pytest.raises(BindingError, match="no registered binding trains a Linear .* pass binding="):
         binding_for(nn.Linear(2, 2))
@@ -160,6 +163,9 @@ def test_qwen3_moe_norm_topk_prob_is_the_models():
     ("qwen3_moe", {"mlp_only_layers": [1]}, r"layers \[1\] are dense MLP layers"),
     ("qwen3_moe", {"decoder_sparse_step": 2}, r"layers \[0, 2\] are dense MLP layers"),
     ("qwen3_moe", {"tie_word_embeddings": True}, "tie_word_embeddings=True"),
+    ("qwen3_next", {"output_router_logits": True}, "output_router_logits=True adds the load-balancing auxiliary loss"),
+    ("qwen3_next", {"mlp_only_layers": [2]}, r"Qwen3NextForCausalLM: layers \[2\] are dense MLP layers"),
+    ("qwen3_next", {"tie_word_embeddings": True}, "tie_word_embeddings=True"),
 ])
 def test_what_the_binding_does_not_reproduce_is_refused(model_type, settings, message):
     model = build(tiny_config(model_type, **settings))
@@ -241,3 +247,33 @@ def test_torchrun_pp2_ep2_matches_the_reference_bitwise_and_transformers(tmp_pat
         assert torch.equal(got.view(torch.int32), want.view(torch.int32)), f"step {step}: {got} != reference {want}"
     for step, (got, want) in enumerate(zip(runs, transformers_losses(config, steps, 2, microbatches, seq_len))):
         assert abs(float(got.mean()) - want) <= 1e-5 * abs(want), f"step {step}: {float(got.mean())} vs transformers {want}"
+
+
+def test_qwen3_next_binds_each_layer_type_and_the_gated_shared_expert():
+    model = build(tiny_config("qwen3_next"))
+    b = Qwen3NextBinding(model)
+    assert b.has_shared_expert and b.num_experts == 4 and b.top_k == 2
+    assert b.decoder("l0").mixer is model.model.layers[0].linear_attn
+    assert b.decoder("l1").mixer is model.model.layers[1].self_attn
+    assert list(b.layer_params("l0")) == ["mixer", "router", "expert_gemm", "shared_expert"]
+    assert {s.key for s in b.slots("l0", "shared_expert")} == {
+        "model.layers.0.mlp.shared_expert_gate.weight", *(f"model.layers.0.mlp.shared_expert.{p}_proj.weight" for p in ("gate", "up", "down"))
+    }
+    # One decoder layer through the binding's task forwards is the model's own decoder layer.
+    x = torch.randn(1, 6, 64)
+    for i in range(2):
+        layer, block = f"l{i}", model.model.layers[i]
+        h, n = b.mixer_fn(layer)(x)
+        weights, order, counts = b.gate_fn(layer)(n)
+        index, inverse, per_expert = Routing(((*(int(c) for c in counts),),), 1, 0).regroup()
+        (permuted,) = b.permute_fn()(n, order)
+        (expert_out,) = b.experts_fn(layer)(permuted, index, inverse, per_expert)
+        (out,) = b.assemble_fn()(h, expert_out, weights, b.shared_fn(layer)(n)[0], order)
+        position_ids = torch.arange(6).unsqueeze(0)
+        from transformers.masking_utils import create_causal_mask
+
+        mask = create_causal_mask(config=model.config, inputs_embeds=x, attention_mask=None, cache=None, position_ids=position_ids)
+        want = block(x, position_embeddings=model.model.rotary_emb(x, position_ids), attention_mask=mask if i else None,
+                     position_ids=position_ids)
+        want = want[0] if isinstance(want, tuple) else want
+        assert torch.allclose(out, want, atol=1e-6, rtol=1e-5), f"layer {i}: {(out - want).abs().max()}"
