@@ -134,6 +134,11 @@ class LocalReference:
         routings: list[Routing] = []
         for i in range(b[0].num_layers):
             layer = f"l{i}"
+            if b[0].is_dense(layer):  # a dense MLP layer: no routing, each replica on its own
+                for s in range(self.shards):
+                    h, n = b[s].mixer_fn(layer)(_cut(xs[s]))
+                    xs[s] = b[s].dense_fn(layer)(_cut(h), _cut(n))[0]
+                continue
             hs, ns, perms, weights, orders, counts = [], [], [], [], [], []
             for s in range(self.shards):
                 h, n = b[s].mixer_fn(layer)(_cut(xs[s]))

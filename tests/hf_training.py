@@ -49,6 +49,7 @@ def tiny_config(model_type: str, **overrides: Any) -> Any:
     elif model_type == "deepseek_v3":
         # MLA, layer 0 dense, sigmoid routing over 2 groups of 2 experts (1 group kept), one shared expert.
         del common["head_dim"]
+        common["num_key_value_heads"] = common["num_attention_heads"]  # MLA: keys and values per head
         common.update(n_routed_experts=EXPERTS, moe_intermediate_size=32, intermediate_size=64, n_shared_experts=1,
                       first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=2.5, kv_lora_rank=16,
                       q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16)

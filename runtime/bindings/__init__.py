@@ -6,18 +6,21 @@ registers its binding class when imported here, in this order:
 
 - ``tiny``: models laid out like ``examples/tiny_qwen3_next.py``;
 - ``hf_moe``: transformers' ``Qwen3MoeForCausalLM`` and ``MixtralForCausalLM``;
-- ``hf_qwen3_next``: transformers' ``Qwen3NextForCausalLM``.
+- ``hf_qwen3_next``: transformers' ``Qwen3NextForCausalLM``;
+- ``hf_deepseek_v3``: transformers' ``DeepseekV3ForCausalLM``.
 """
 
 from __future__ import annotations
 
-from runtime.bindings import hf_moe, hf_qwen3_next, tiny
+from runtime.bindings import hf_deepseek_v3, hf_moe, hf_qwen3_next, tiny
 from runtime.bindings.base import (
     DECODER_OPS,
     MIXER_KINDS,
+    MOE_OPS,
     WEIGHTED_OPS,
     BindingError,
     DecoderParts,
+    DenseParts,
     ModelBinding,
     ModelParts,
     Routing,
@@ -30,12 +33,13 @@ from runtime.bindings.base import (
     task_op,
     unregister_binding,
 )
+from runtime.bindings.hf_deepseek_v3 import DeepseekV3Binding
 from runtime.bindings.hf_moe import HFSparseMoeBinding, MixtralBinding, Qwen3MoeBinding
 from runtime.bindings.hf_qwen3_next import Qwen3NextBinding
 from runtime.bindings.tiny import TinyMoEBinding
 
 __all__ = [
-    "DECODER_OPS", "MIXER_KINDS", "WEIGHTED_OPS", "BindingError", "DecoderParts", "HFSparseMoeBinding", "MixtralBinding",
-    "ModelBinding", "ModelParts", "Qwen3MoeBinding", "Qwen3NextBinding", "Routing", "TaskFn", "TinyMoEBinding", "binding_for", "hf_moe", "hf_qwen3_next",
+    "DECODER_OPS", "DeepseekV3Binding", "MIXER_KINDS", "MOE_OPS", "WEIGHTED_OPS", "BindingError", "DecoderParts", "DenseParts", "HFSparseMoeBinding", "MixtralBinding",
+    "ModelBinding", "ModelParts", "Qwen3MoeBinding", "Qwen3NextBinding", "Routing", "TaskFn", "TinyMoEBinding", "binding_for", "hf_deepseek_v3", "hf_moe", "hf_qwen3_next",
     "loss_fn", "register_binding", "registered_bindings", "task_boundary", "task_op", "tiny", "unregister_binding",
 ]

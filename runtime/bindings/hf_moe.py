@@ -126,7 +126,7 @@ class HFSparseMoeBinding(ModelBinding):
         return position_ids, inner.rotary_emb(x, position_ids=position_ids), mask
 
     def mixer_fn(self, layer: str) -> TaskFn:
-        d = self.decoder(layer)
+        d = self.layer_parts(layer)
         positions = self._positions
 
         def mixer_forward(x: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -24,6 +24,7 @@ from torch import nn
 from runtime import load_plan
 from runtime.bindings import (
     BindingError,
+    DeepseekV3Binding,
     MixtralBinding,
     ModelBinding,
     Qwen3MoeBinding,
@@ -45,8 +46,9 @@ pytest.importorskip("transformers")
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "tests" / "hf_training.py"
-CASES = [("qwen3_moe", {"norm_topk_prob": False}), ("qwen3_moe", {"norm_topk_prob": True}), ("mixtral", {}), ("qwen3_next", {})]
-IDS = ["qwen3_moe-unnormalised", "qwen3_moe-normalised", "mixtral", "qwen3_next"]
+CASES = [("qwen3_moe", {"norm_topk_prob": False}), ("qwen3_moe", {"norm_topk_prob": True}), ("mixtral", {}), ("qwen3_next", {}),
+         ("deepseek_v3", {})]
+IDS = ["qwen3_moe-unnormalised", "qwen3_moe-normalised", "mixtral", "qwen3_next", "deepseek_v3"]
 
 
 @pytest.fixture
@@ -94,6 +96,7 @@ def test_the_registry_picks_the_family_of_the_model():
     assert binding_for(build(tiny_config("qwen3_moe"))) is Qwen3MoeBinding
     assert binding_for(build(tiny_config("mixtral"))) is MixtralBinding
     assert binding_for(build(tiny_config("qwen3_next"))) is Qwen3NextBinding
+    assert binding_for(build(tiny_config("deepseek_v3"))) is DeepseekV3Binding
     assert binding_for(tiny_example().TinyQwen3Next(tiny_example().TinyConfig(num_layers=2))) is TinyMoEBinding
     with pytest.raises(BindingError, match="no registered binding trains a Linear .* pass binding="):
         binding_for(nn.Linear(2, 2))
@@ -166,6 +169,8 @@ def test_qwen3_moe_norm_topk_prob_is_the_models():
     ("qwen3_next", {"output_router_logits": True}, "output_router_logits=True adds the load-balancing auxiliary loss"),
     ("qwen3_next", {"mlp_only_layers": [2]}, r"Qwen3NextForCausalLM: layers \[2\] are dense MLP layers"),
     ("qwen3_next", {"tie_word_embeddings": True}, "tie_word_embeddings=True"),
+    ("deepseek_v3", {"tie_word_embeddings": True}, "tie_word_embeddings=True"),
+    ("deepseek_v3", {"attention_dropout": 0.1}, "attention_dropout=0.1"),
 ])
 def test_what_the_binding_does_not_reproduce_is_refused(model_type, settings, message):
     model = build(tiny_config(model_type, **settings))
@@ -249,6 +254,32 @@ def test_torchrun_pp2_ep2_matches_the_reference_bitwise_and_transformers(tmp_pat
         assert abs(float(got.mean()) - want) <= 1e-5 * abs(want), f"step {step}: {float(got.mean())} vs transformers {want}"
 
 
+def decoder_layer_through_tasks(b: ModelBinding, layer: str, x: torch.Tensor) -> torch.Tensor:
+    """Decoder layer ``layer`` on ``x`` by the binding's task forwards, in one process (EP=1)."""
+    h, n = b.mixer_fn(layer)(x)
+    if b.is_dense(layer):
+        return b.dense_fn(layer)(h, n)[0]
+    weights, order, counts = b.gate_fn(layer)(n)
+    index, inverse, per_expert = Routing(((*(int(c) for c in counts),),), 1, 0).regroup()
+    (permuted,) = b.permute_fn()(n, order)
+    (expert_out,) = b.experts_fn(layer)(permuted, index, inverse, per_expert)
+    shared = (b.shared_fn(layer)(n)[0],) if b.has_shared_expert else ()
+    return b.assemble_fn()(h, expert_out, weights, *shared, order)[0]
+
+
+def models_decoder_layer(model: nn.Module, i: int, x: torch.Tensor) -> torch.Tensor:
+    """The model's own decoder layer ``i`` on ``x``, called as its decoder stack calls it for a full causal sequence."""
+    from transformers.masking_utils import create_causal_mask
+
+    position_ids = torch.arange(x.shape[1]).unsqueeze(0)
+    mask = create_causal_mask(config=model.config, inputs_embeds=x, attention_mask=None, cache=None, position_ids=position_ids)
+    block = model.model.layers[i]
+    linear = getattr(block, "block_type", None) == "linear_attention"
+    out = block(x, position_embeddings=model.model.rotary_emb(x, position_ids), attention_mask=None if linear else mask,
+                position_ids=position_ids)
+    return out[0] if isinstance(out, tuple) else out
+
+
 def test_qwen3_next_binds_each_layer_type_and_the_gated_shared_expert():
     model = build(tiny_config("qwen3_next"))
     b = Qwen3NextBinding(model)
@@ -259,21 +290,80 @@ def test_qwen3_next_binds_each_layer_type_and_the_gated_shared_expert():
     assert {s.key for s in b.slots("l0", "shared_expert")} == {
         "model.layers.0.mlp.shared_expert_gate.weight", *(f"model.layers.0.mlp.shared_expert.{p}_proj.weight" for p in ("gate", "up", "down"))
     }
-    # One decoder layer through the binding's task forwards is the model's own decoder layer.
     x = torch.randn(1, 6, 64)
     for i in range(2):
-        layer, block = f"l{i}", model.model.layers[i]
-        h, n = b.mixer_fn(layer)(x)
-        weights, order, counts = b.gate_fn(layer)(n)
-        index, inverse, per_expert = Routing(((*(int(c) for c in counts),),), 1, 0).regroup()
-        (permuted,) = b.permute_fn()(n, order)
-        (expert_out,) = b.experts_fn(layer)(permuted, index, inverse, per_expert)
-        (out,) = b.assemble_fn()(h, expert_out, weights, b.shared_fn(layer)(n)[0], order)
-        position_ids = torch.arange(6).unsqueeze(0)
-        from transformers.masking_utils import create_causal_mask
+        got, want = decoder_layer_through_tasks(b, f"l{i}", x), models_decoder_layer(model, i, x)
+        assert torch.allclose(got, want, atol=1e-6, rtol=1e-5), f"layer {i}: {(got - want).abs().max()}"
 
-        mask = create_causal_mask(config=model.config, inputs_embeds=x, attention_mask=None, cache=None, position_ids=position_ids)
-        want = block(x, position_embeddings=model.model.rotary_emb(x, position_ids), attention_mask=mask if i else None,
-                     position_ids=position_ids)
-        want = want[0] if isinstance(want, tuple) else want
-        assert torch.allclose(out, want, atol=1e-6, rtol=1e-5), f"layer {i}: {(out - want).abs().max()}"
+
+def test_deepseek_v3_binds_dense_layers_mla_grouped_routing_and_ungated_shared_experts():
+    model = build(tiny_config("deepseek_v3"))
+    full = model.model.layers[1].mlp.experts.gate_up_proj.detach().clone()
+    DeepseekV3Binding.shard_experts(model, 1, 2)  # the dense layer 0 has no experts to shard
+    assert torch.equal(model.model.layers[1].mlp.experts.gate_up_proj, full[2:])
+    b = DeepseekV3Binding(model, ep=2, ep_rank=1)
+    assert b.is_dense("l0") and not b.is_dense("l1") and b.num_layers == 4 and b.num_experts == 4 and b.has_shared_expert
+    assert list(b.layer_params("l0")) == ["mixer", "dense_mlp"]
+    assert {s.key for s in b.slots("l0", "dense_mlp")} == {f"model.layers.0.mlp.{p}_proj.weight" for p in ("gate", "up", "down")}
+    assert {s.key for s in b.slots("l1", "shared_expert")} == {f"model.layers.1.mlp.shared_experts.{p}_proj.weight" for p in ("gate", "up", "down")}
+    assert [s.key for s in b.slots("l1", "router")] == ["model.layers.1.mlp.gate.weight"]  # the bias is a buffer, not trained
+    with pytest.raises(BindingError, match="layer l0 of the model is a dense MLP layer"):
+        b.gate_fn("l0")
+    with pytest.raises(BindingError, match="layer l1 of the model is a sparse MoE layer"):
+        b.dense_fn("l1")
+    assert DeepseekV3Binding.describe_layer(model, 0, model.model.layers[0]) == ("mla", "dense")
+    assert DeepseekV3Binding.describe_layer(model, 1, model.model.layers[1]) == ("mla", "moe+shared")
+
+
+def test_deepseek_v3_layers_through_the_tasks_are_the_models_and_the_router_is_its_own():
+    model = build(tiny_config("deepseek_v3"))
+    router = model.model.layers[1].mlp.gate
+    with torch.no_grad():  # a bias that changes the choice of experts (not their weights): the model's router applies it
+        router.e_score_correction_bias.copy_(torch.tensor([0.0, 0.5, -0.5, 0.25]))
+    b = DeepseekV3Binding(model)
+    x = torch.randn(1, 6, 64)
+    for i in range(2):
+        got, want = decoder_layer_through_tasks(b, f"l{i}", x), models_decoder_layer(model, i, x)
+        assert torch.allclose(got, want, atol=1e-6, rtol=1e-5), f"layer {i}: {(got - want).abs().max()}"
+    n = torch.randn(1, 6, 64)
+    weights, _, counts = b.gate_fn("l1")(n)
+    _, want_weights, want_index = router(n.reshape(-1, 64))
+    assert torch.equal(weights, want_weights) and torch.equal(counts, torch.bincount(want_index.reshape(-1), minlength=4))
+    # norm_topk_prob (the config's default) then routed_scaling_factor: each token's weights sum to the factor.
+    assert torch.allclose(weights.sum(-1), torch.full((6,), 2.5))
+
+
+def test_one_rank_trains_deepseek_v3_dense_and_sparse_layers_like_the_reference(tmp_path, deterministic):
+    """The executor's dense-MLP tasks (forward, dgrad, wgrad) in one process: bitwise the reference, close to transformers."""
+    from runtime.executor import StageExecutor, create_groups
+    from runtime.layout import RankGrid
+    from runtime.session import load_programs
+
+    config = tiny_config("deepseek_v3")
+    data, signature = compile_plan(config, pp=1, ep=1)
+    seq_len, microbatches, steps = PARALLEL["seq_len"], PARALLEL["microbatches"], 2
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        session = TrainingSession.start(data, build(config), signature=signature, health=False)
+        assert {t.kind for t in session.executor.tasks if t.layer == "l0"} >= {"dense_mlp.fwd", "dense_mlp.dgrad", "dense_mlp.wgrad"}
+        opt = optimizer(session.parameters())
+        ref = LocalReference(lambda: build(config), ep=1, microbatches=microbatches, optimizer=optimizer)
+        want = transformers_losses(config, steps, 1, microbatches, seq_len)
+        for step in range(steps):
+            ids = make_batch(step, 1, microbatches, seq_len)
+            got = torch.stack(session.step(ids[0, ..., :-1], ids[0, ..., 1:]).loss_tensors[0])
+            expected = torch.stack(ref.step(ids[..., :-1], ids[..., 1:])[0])
+            assert torch.equal(got, expected), f"step {step}: {got} != reference {expected}"
+            assert abs(float(got.mean()) - want[step]) <= 1e-5 * abs(want[step])
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            ref.optimizer_step()
+
+        # A plan whose layer 1 is sparse, a model whose layer 1 is dense: the executor names the task and the layer.
+        deeper_dense = build(tiny_config("deepseek_v3", first_k_dense_replace=2))
+        programs = load_programs(data, signature, {})
+        with pytest.raises(BindingError, match=r"plan task 'l1\.\w+\.\w+' is a MoE layer's, but layer l1 of the model is a dense MLP"):
+            StageExecutor(programs[0], StageLayout.from_programs(programs), DeepseekV3Binding(deeper_dense),
+                          create_groups(RankGrid(1, 1, 1), 0))
+    finally:
+        dist.destroy_process_group()
