@@ -182,6 +182,8 @@ class LocalReference:
         order, expert gradients over the data-parallel replicas of the same EP rank."""
         params = [dict(m.named_parameters()) for m in self.replicas]
         for name in params[0]:
+            if not params[0][name].requires_grad:
+                continue  # frozen: no gradient, as in the executor (ModelBinding.slots)
             expert = self.bindings[0].is_expert_param(name)
             groups: Sequence[list[int]]
             if expert:

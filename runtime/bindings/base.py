@@ -379,12 +379,14 @@ class ModelBinding:
                 raise BindingError(f"a {type(module).__name__} the binding uses is not a submodule of the model")
             for mod_name, sub in module.named_modules():
                 for attr, p in sub._parameters.items():
-                    if p is not None:
+                    # A frozen parameter (ERNIE-4.5's moe_statics bias) is a constant of the task, never trained:
+                    # no gradient, so an optimizer leaves it as transformers' training does.
+                    if p is not None and p.requires_grad:
                         out.append(ParamSlot(".".join(x for x in (prefix, mod_name, attr) if x), sub, attr))
         return tuple(out)
 
     def slots(self, layer: str, op: str) -> tuple[ParamSlot, ...]:
-        """The parameters the forward of ``op`` in ``layer`` uses, under their names in the model."""
+        """The trained parameters the forward of ``op`` in ``layer`` uses, under their names in the model."""
         if op == "embedding":
             return self._slots(self.embed)
         if op == "lm_head":
@@ -601,7 +603,11 @@ def binding_for(model: nn.Module) -> type[ModelBinding]:
     for cls in _REGISTRY:
         if cls.matches(model):
             return cls
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    what = type(model).__name__
+    if isinstance(model_type, str) and model_type:
+        what += f" (model type '{model_type}', which the compiler may plan but no binding trains yet)"
     raise BindingError(
-        f"no registered binding trains a {type(model).__name__} (families: {', '.join(registered_bindings()) or 'none'}); "
+        f"no registered binding trains a {what} (families: {', '.join(registered_bindings()) or 'none'}); "
         "pass binding= a ModelBinding subclass for it, or register one with runtime.bindings.register_binding"
     )

@@ -19,15 +19,20 @@ every forward calls the model's own modules:
 trains no update rule for it, and neither does this binding. Refused: tied
 embeddings and attention dropout (random in training, its draws not
 reproducible across the plan's ranks).
+
+GLM-4-MoE (``Glm4MoeForCausalLM``) has the same MoE, dense first layers and
+router under softmax attention (``self_attn``, partial rotary and optional q/k
+norms inside the module): its class derives from DeepSeek-V3's, and so does
+ERNIE-4.5-MoE's (``Ernie4_5_MoeForCausalLM``: dense layers wherever its config
+puts them, its own softmax router with the ``moe_statics`` correction, shared
+experts optional).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch import nn
 
-from runtime.bindings.base import BindingError, DenseParts, child, register_binding
+from runtime.bindings.base import DenseParts, child, register_binding
 from runtime.bindings.hf_moe import HFSparseMoeBinding
 
 
@@ -38,6 +43,8 @@ class DeepseekV3Binding(HFSparseMoeBinding):
     family = "deepseek_v3"
     causal_lm_classes = ("DeepseekV3ForCausalLM",)
     model_type = "deepseek_v3"
+    mask_rule = "causal"
+    mixer_kind = "mla"
 
     @classmethod
     def dense_parts(cls, model: nn.Module, index: int, block: nn.Module) -> DenseParts | None:
@@ -60,17 +67,41 @@ class DeepseekV3Binding(HFSparseMoeBinding):
     def describe_layer(cls, model: nn.Module, index: int, block: nn.Module) -> tuple[str | None, str]:
         """(mixer kind, feed-forward) of decoder layer ``index`` in a plan's words: MLA, dense or MoE with shared experts."""
         if cls.dense_parts(model, index, block) is not None:
-            return "mla", "dense"
+            return cls.mixer_kind, "dense"
         cls.decoder_parts(model, index, block)
-        return "mla", "moe+shared"
+        return cls.mixer_kind, "moe+shared"
+
+
+@register_binding
+class Glm4MoeBinding(DeepseekV3Binding):
+    """transformers' ``Glm4MoeForCausalLM``: DeepSeek-V3's MoE (dense first layers, grouped sigmoid routing with bias
+    correction, ungated shared experts) behind grouped-query softmax attention."""
+
+    family = "glm4_moe"
+    causal_lm_classes = ("Glm4MoeForCausalLM",)
+    model_type = "glm4_moe"
+    mixer_kind = "attention"
+
+
+@register_binding
+class Ernie45MoeBinding(DeepseekV3Binding):
+    """transformers' ``Ernie4_5_MoeForCausalLM``: dense layers where ``moe_layer_start_index``/``moe_layer_end_index``/
+    ``moe_layer_interval`` put them, a softmax router whose choice its ``moe_statics`` bias corrects, ungated shared
+    experts where ``n_shared_experts`` > 0, softmax attention."""
+
+    family = "ernie4_5_moe"
+    causal_lm_classes = ("Ernie4_5_MoeForCausalLM",)
+    model_type = "ernie4_5_moe"
+    mixer_kind = "attention"
 
     @classmethod
-    def check_model(cls, model: nn.Module) -> None:
-        config: Any = model.config
-        dropout = float(getattr(config, "attention_dropout", 0.0) or 0.0)
-        if dropout > 0:
-            raise BindingError(
-                f"DeepseekV3ForCausalLM: config.attention_dropout={dropout} drops attention weights at random in "
-                "training, which this binding does not reproduce; set it to 0"
-            )
-        super().check_model(model)
+    def shared_expert_of(cls, mlp: nn.Module, where: str) -> tuple[nn.Module | None, nn.Module | None]:
+        shared = getattr(mlp, "shared_experts", None)
+        return (shared if isinstance(shared, nn.Module) else None), None
+
+    @classmethod
+    def describe_layer(cls, model: nn.Module, index: int, block: nn.Module) -> tuple[str | None, str]:
+        if cls.dense_parts(model, index, block) is not None:
+            return cls.mixer_kind, "dense"
+        parts = cls.decoder_parts(model, index, block)
+        return cls.mixer_kind, ("moe+shared" if parts.shared_expert is not None else "moe")

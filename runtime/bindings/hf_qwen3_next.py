@@ -39,6 +39,7 @@ class Qwen3NextBinding(HFSparseMoeBinding):
     family = "qwen3_next"
     causal_lm_classes = ("Qwen3NextForCausalLM",)
     model_type = "qwen3_next"
+    mask_rule = "causal"  # its full-attention layers get create_causal_mask
 
     @classmethod
     def mixer_of(cls, block: nn.Module, where: str) -> nn.Module:

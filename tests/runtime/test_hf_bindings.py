@@ -18,15 +18,20 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from hf_training import PARALLEL, build, compile_plan, make_batch, optimizer, tiny_config
+from hf_training import LR, PARALLEL, build, compile_plan, make_batch, optimizer, tiny_config
 from torch import nn
 
 from runtime import load_plan
 from runtime.bindings import (
     BindingError,
     DeepseekV3Binding,
+    Ernie45MoeBinding,
+    Glm4MoeBinding,
+    MiniMaxM2Binding,
     MixtralBinding,
     ModelBinding,
+    OlmoeBinding,
+    Qwen2MoeBinding,
     Qwen3MoeBinding,
     Qwen3NextBinding,
     Routing,
@@ -47,8 +52,9 @@ pytest.importorskip("transformers")
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "tests" / "hf_training.py"
 CASES = [("qwen3_moe", {"norm_topk_prob": False}), ("qwen3_moe", {"norm_topk_prob": True}), ("mixtral", {}), ("qwen3_next", {}),
-         ("deepseek_v3", {})]
-IDS = ["qwen3_moe-unnormalised", "qwen3_moe-normalised", "mixtral", "qwen3_next", "deepseek_v3"]
+         ("deepseek_v3", {}), ("qwen2_moe", {}), ("olmoe", {}), ("glm4_moe", {}), ("minimax_m2", {}), ("ernie4_5_moe", {})]
+IDS = ["qwen3_moe-unnormalised", "qwen3_moe-normalised", "mixtral", "qwen3_next", "deepseek_v3", "qwen2_moe", "olmoe", "glm4_moe",
+       "minimax_m2", "ernie4_5_moe"]
 
 
 @pytest.fixture
@@ -171,6 +177,11 @@ def test_qwen3_moe_norm_topk_prob_is_the_models():
     ("qwen3_next", {"tie_word_embeddings": True}, "tie_word_embeddings=True"),
     ("deepseek_v3", {"tie_word_embeddings": True}, "tie_word_embeddings=True"),
     ("deepseek_v3", {"attention_dropout": 0.1}, "attention_dropout=0.1"),
+    ("qwen2_moe", {"mlp_only_layers": [0]}, r"Qwen2MoeForCausalLM: layers \[0\] are dense MLP layers"),
+    ("olmoe", {"output_router_logits": True}, "output_router_logits=True"),
+    ("minimax_m2", {"router_jitter_noise": 0.2}, "MiniMaxM2ForCausalLM: config.router_jitter_noise=0.2"),
+    ("glm4_moe", {"tie_word_embeddings": True}, "tie_word_embeddings=True"),
+    ("ernie4_5_moe", {"output_router_logits": True}, "output_router_logits=True"),
 ])
 def test_what_the_binding_does_not_reproduce_is_refused(model_type, settings, message):
     model = build(tiny_config(model_type, **settings))
@@ -367,3 +378,62 @@ def test_one_rank_trains_deepseek_v3_dense_and_sparse_layers_like_the_reference(
                           create_groups(RankGrid(1, 1, 1), 0))
     finally:
         dist.destroy_process_group()
+
+
+FAMILIES = {
+    "qwen3_moe": Qwen3MoeBinding, "mixtral": MixtralBinding, "qwen3_next": Qwen3NextBinding, "deepseek_v3": DeepseekV3Binding,
+    "qwen2_moe": Qwen2MoeBinding, "olmoe": OlmoeBinding, "glm4_moe": Glm4MoeBinding, "minimax_m2": MiniMaxM2Binding,
+    "ernie4_5_moe": Ernie45MoeBinding,
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_every_decoder_layer_through_the_tasks_is_the_models_own(model_type):
+    """Each family's binding picks its model and computes each decoder layer (dense or sparse) as the model does."""
+    model = build(tiny_config(model_type))
+    assert binding_for(model) is FAMILIES[model_type]
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():  # routing-choice corrections that change which experts are chosen: the model's own are used
+        for name, t in [*model.named_parameters(), *model.named_buffers()]:
+            if "e_score_correction_bias" in name:
+                t.copy_(0.5 * torch.randn(t.shape, generator=g))
+    b = binding_for(model)(model)
+    x = torch.randn(1, 6, 64, generator=g)
+    for i in range(b.num_layers):
+        got, want = decoder_layer_through_tasks(b, f"l{i}", x), models_decoder_layer(model, i, x)
+        assert torch.allclose(got, want, atol=1e-6, rtol=1e-5), f"layer {i}: {(got - want).abs().max()}"
+
+
+def test_a_family_the_compiler_plans_but_no_binding_trains_is_refused_by_name():
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model("gpt_oss", num_hidden_layers=2, hidden_size=64, vocab_size=128, num_attention_heads=4,
+                                  num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                                  intermediate_size=32, tie_word_embeddings=False)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    with pytest.raises(BindingError, match=r"no registered binding trains a GptOssForCausalLM \(model type 'gpt_oss'"):
+        binding_for(model)
+
+
+def test_a_frozen_parameter_is_not_trained():
+    """ERNIE-4.5's moe_statics bias is a parameter with requires_grad=False: no task trains it, no optimizer decays it."""
+    config = tiny_config("ernie4_5_moe")
+
+    def biased() -> nn.Module:
+        model = build(config)
+        with torch.no_grad():
+            for name, t in model.named_parameters():
+                if "e_score_correction_bias" in name:
+                    assert not t.requires_grad
+                    t.fill_(0.25)
+        return model
+
+    b = Ernie45MoeBinding(biased())
+    assert [s.key for s in b.slots("l1", "router")] == ["model.layers.1.mlp.gate.weight"]
+    ref = LocalReference(biased, ep=2, microbatches=2, optimizer=lambda ps: torch.optim.AdamW(ps, lr=LR, weight_decay=0.1))
+    ids = make_batch(0, ref.shards, 2, 8)
+    ref.step(ids[..., :-1], ids[..., 1:])
+    ref.optimizer_step()
+    bias = ref.replicas[0].model.layers[1].mlp.gate.moe_statics.e_score_correction_bias
+    assert bias.grad is None and torch.equal(bias, torch.full_like(bias, 0.25))
