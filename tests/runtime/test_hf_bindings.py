@@ -1,10 +1,13 @@
-"""Bindings of transformers' Qwen3-MoE and Mixtral: the registry, the model's own function, refusals, torchrun.
+"""Bindings of transformers' MoE families: the registry, the model's own function, refusals, torchrun.
 
-The one-process reference (``runtime.local_reference``) runs every task forward of
-the binding on two EP replicas; it must train what ``model(input_ids, labels=...)``
-trains, including Qwen3-MoE's unnormalised top-k weights (``norm_topk_prob=False``,
-its default). Under a PP=2 x EP=2 plan on four gloo ranks the losses must be
-bitwise those of the reference in the deterministic CPU mode.
+Families: Qwen3-MoE, Mixtral, Qwen3-Next, DeepSeek-V3, Qwen2-MoE, OLMoE,
+GLM-4-MoE, MiniMax-M2, ERNIE-4.5-MoE. The one-process reference
+(``runtime.local_reference``) runs every task forward of the binding on two EP
+replicas; it must train what ``model(input_ids, labels=...)`` trains, including
+Qwen3-MoE's unnormalised top-k weights (``norm_topk_prob=False``, its default),
+dense layers and each family's own router. Under a PP=2 x EP=2 plan on four
+gloo ranks the losses must be bitwise those of the reference in the
+deterministic CPU mode (one slow torchrun test per family).
 """
 
 from __future__ import annotations
