@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from runtime.bindings.base import DenseParts, child, register_binding
+from runtime.bindings.base import child, register_binding
 from runtime.bindings.hf_moe import HFSparseMoeBinding
 
 
@@ -47,29 +47,8 @@ class DeepseekV3Binding(HFSparseMoeBinding):
     mixer_kind = "mla"
 
     @classmethod
-    def dense_parts(cls, model: nn.Module, index: int, block: nn.Module) -> DenseParts | None:
-        where = f"decoder layer {index} (model.model.layers.{index})"
-        mlp = child(block, ("mlp",), where)
-        if isinstance(getattr(mlp, "experts", None), nn.Module):
-            return None
-        for name in ("gate_proj", "up_proj", "down_proj"):
-            child(mlp, (name,), f"{where}'s dense MLP")
-        return DenseParts(
-            index, block, child(block, ("input_layernorm",), where), cls.mixer_of(block, where),
-            child(block, ("post_attention_layernorm",), where), mlp,
-        )
-
-    @classmethod
     def shared_expert_of(cls, mlp: nn.Module, where: str) -> tuple[nn.Module | None, nn.Module | None]:
         return child(mlp, ("shared_experts",), where + "'s MoE block"), None
-
-    @classmethod
-    def describe_layer(cls, model: nn.Module, index: int, block: nn.Module) -> tuple[str | None, str]:
-        """(mixer kind, feed-forward) of decoder layer ``index`` in a plan's words: MLA, dense or MoE with shared experts."""
-        if cls.dense_parts(model, index, block) is not None:
-            return cls.mixer_kind, "dense"
-        cls.decoder_parts(model, index, block)
-        return cls.mixer_kind, "moe+shared"
 
 
 @register_binding
@@ -99,9 +78,3 @@ class Ernie45MoeBinding(DeepseekV3Binding):
         shared = getattr(mlp, "shared_experts", None)
         return (shared if isinstance(shared, nn.Module) else None), None
 
-    @classmethod
-    def describe_layer(cls, model: nn.Module, index: int, block: nn.Module) -> tuple[str | None, str]:
-        if cls.dense_parts(model, index, block) is not None:
-            return cls.mixer_kind, "dense"
-        parts = cls.decoder_parts(model, index, block)
-        return cls.mixer_kind, ("moe+shared" if parts.shared_expert is not None else "moe")

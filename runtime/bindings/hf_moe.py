@@ -27,9 +27,10 @@ MiniMax-M2 (``MiniMaxM2ForCausalLM``, whose router takes the block's
 
 What these bindings do not reproduce is refused when the session starts,
 naming the setting: the load-balancing auxiliary loss
-(``output_router_logits=True``), Mixtral's router jitter, dense MLP layers
-(``mlp_only_layers``, ``decoder_sparse_step`` > 1), attention dropout and tied
-input/output embeddings. Token ids are a full causal sequence: no padding
+(``output_router_logits=True``), router jitter, attention dropout and tied
+input/output embeddings. Dense MLP layers (an ``mlp`` without experts:
+``mlp_only_layers``, ``decoder_sparse_step`` > 1) run as the plan's
+``dense_mlp`` tasks. Token ids are a full causal sequence: no padding
 mask, no packed ``position_ids``.
 
 transformers is imported only when one of these models is bound (the runtime
@@ -44,7 +45,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from runtime.bindings.base import BindingError, DecoderParts, ModelBinding, ModelParts, TaskFn, child, register_binding
+from runtime.bindings.base import (
+    BindingError,
+    DecoderParts,
+    DenseParts,
+    ModelBinding,
+    ModelParts,
+    TaskFn,
+    child,
+    register_binding,
+)
 
 
 class HFSparseMoeBinding(ModelBinding):
@@ -55,6 +65,7 @@ class HFSparseMoeBinding(ModelBinding):
     # Which causal mask the model's forward gives a layer's attention: 'sliding_window' (the sliding-window
     # mask where config.sliding_window is set), 'layer_types' (per config.layer_types[i]) or 'causal' (always).
     mask_rule = "sliding_window"
+    mixer_kind = "attention"  # the plan's name for the mixer tasks of this family's layers
 
     @classmethod
     def matches(cls, model: nn.Module) -> bool:
@@ -96,6 +107,34 @@ class HFSparseMoeBinding(ModelBinding):
         )
         parts.expert_weights()
         return parts
+
+    @classmethod
+    def dense_parts(cls, model: nn.Module, index: int, block: nn.Module) -> DenseParts | None:
+        """A layer whose ``mlp`` has no experts is dense (``mlp_only_layers``, ``decoder_sparse_step``,
+        ``first_k_dense_replace``, ...): its MLP's own gate/up/down projections and activation."""
+        where = f"decoder layer {index} (model.model.layers.{index})"
+        mlp = child(block, ("mlp",), where)
+        if isinstance(getattr(mlp, "experts", None), nn.Module):
+            return None
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            child(mlp, (name,), f"{where}'s dense MLP")
+        return DenseParts(
+            index, block, child(block, ("input_layernorm",), where), cls.mixer_of(block, where),
+            child(block, ("post_attention_layernorm",), where), mlp,
+        )
+
+    @classmethod
+    def mixer_kind_of(cls, block: nn.Module) -> str:
+        """The plan's name for the mixer of decoder layer ``block`` (``mixer_kind``)."""
+        return cls.mixer_kind
+
+    @classmethod
+    def describe_layer(cls, model: nn.Module, index: int, block: nn.Module) -> tuple[str | None, str]:
+        """(mixer kind, feed-forward) of decoder layer ``index`` in a plan's words: ``dense``, ``moe`` or ``moe+shared``."""
+        if cls.dense_parts(model, index, block) is not None:
+            return cls.mixer_kind_of(block), "dense"
+        parts = cls.decoder_parts(model, index, block)
+        return cls.mixer_kind_of(block), ("moe+shared" if parts.shared_expert is not None else "moe")
 
     @classmethod
     def mixer_of(cls, block: nn.Module, where: str) -> nn.Module:
@@ -186,25 +225,11 @@ class HFSparseMoeBinding(ModelBinding):
 
 @register_binding
 class Qwen3MoeBinding(HFSparseMoeBinding):
-    """transformers' ``Qwen3MoeForCausalLM`` (every layer sparse)."""
+    """transformers' ``Qwen3MoeForCausalLM`` (dense layers where ``mlp_only_layers``/``decoder_sparse_step`` put them)."""
 
     family = "qwen3_moe"
     causal_lm_classes = ("Qwen3MoeForCausalLM",)
     model_type = "qwen3_moe"
-
-    @classmethod
-    def check_model(cls, model: nn.Module) -> None:
-        config: Any = model.config
-        dense = list(getattr(config, "mlp_only_layers", None) or [])
-        step = int(getattr(config, "decoder_sparse_step", 1) or 1)
-        if step != 1:
-            dense += [i for i in range(config.num_hidden_layers) if (i + 1) % step]
-        if dense:
-            raise BindingError(
-                f"{type(model).__name__}: layers {sorted(set(dense))} are dense MLP layers (mlp_only_layers, "
-                f"decoder_sparse_step={step}); this binding trains only all-sparse models yet"
-            )
-        super().check_model(model)
 
 
 @register_binding
@@ -243,11 +268,6 @@ class Qwen2MoeBinding(Qwen3MoeBinding):
     @classmethod
     def shared_expert_of(cls, mlp: nn.Module, where: str) -> tuple[nn.Module | None, nn.Module | None]:
         return child(mlp, ("shared_expert",), where + "'s MoE block"), child(mlp, ("shared_expert_gate",), where + "'s MoE block")
-
-    @classmethod
-    def describe_layer(cls, model: nn.Module, index: int, block: nn.Module) -> tuple[str | None, str]:
-        cls.decoder_parts(model, index, block)
-        return "attention", "moe+shared"
 
 
 @register_binding

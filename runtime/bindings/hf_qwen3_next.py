@@ -15,8 +15,9 @@ The layout is that of ``hf_moe`` (``model.model.layers[i]`` with
   base binding's ``shared_fn`` and ``assemble_fn``).
 
 The router is the model's own ``Qwen3NextTopKRouter`` (softmax, top-k,
-``norm_topk_prob``). Refused: the auxiliary loss, dense MLP layers
-(``mlp_only_layers``, ``decoder_sparse_step`` > 1) and tied embeddings.
+``norm_topk_prob``). Dense MLP layers (``mlp_only_layers``,
+``decoder_sparse_step`` > 1) run as the plan's ``dense_mlp`` tasks. Refused:
+the auxiliary loss, attention dropout and tied embeddings.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ LINEAR, FULL = "linear_attention", "full_attention"
 
 @register_binding
 class Qwen3NextBinding(HFSparseMoeBinding):
-    """transformers' ``Qwen3NextForCausalLM`` (every layer sparse, with a shared expert)."""
+    """transformers' ``Qwen3NextForCausalLM`` (sparse layers with a shared expert, dense ones where the config says)."""
 
     family = "qwen3_next"
     causal_lm_classes = ("Qwen3NextForCausalLM",)
@@ -53,27 +54,11 @@ class Qwen3NextBinding(HFSparseMoeBinding):
         return child(mlp, ("shared_expert",), where + "'s MoE block"), child(mlp, ("shared_expert_gate",), where + "'s MoE block")
 
     @classmethod
-    def describe_layer(cls, model: nn.Module, index: int, block: nn.Module) -> tuple[str | None, str]:
-        """(mixer kind, feed-forward) of decoder layer ``index`` in a plan's words: its layer type, a MoE with a shared expert."""
-        parts = cls.decoder_parts(model, index, block)
-        return ("linear_attention" if parts.mixer is getattr(block, "linear_attn", None) else "attention"), "moe+shared"
-
-    @classmethod
-    def check_model(cls, model: nn.Module) -> None:
-        config: Any = model.config
-        dense = list(getattr(config, "mlp_only_layers", None) or [])
-        step = int(getattr(config, "decoder_sparse_step", 1) or 1)
-        if step != 1:
-            dense += [i for i in range(config.num_hidden_layers) if (i + 1) % step]
-        if dense:
-            raise BindingError(
-                f"Qwen3NextForCausalLM: layers {sorted(set(dense))} are dense MLP layers (mlp_only_layers, "
-                f"decoder_sparse_step={step}); this binding trains only all-sparse Qwen3-Next models yet"
-            )
-        super().check_model(model)
+    def mixer_kind_of(cls, block: nn.Module) -> str:
+        return "linear_attention" if getattr(block, "block_type", None) == LINEAR else "attention"
 
     def mixer_fn(self, layer: str) -> TaskFn:
-        d = self.decoder(layer)
+        d = self.layer_parts(layer)
         if getattr(d.block, "block_type", None) == FULL:
             return super().mixer_fn(layer)
         from transformers.masking_utils import create_recurrent_attention_mask

@@ -58,6 +58,10 @@ CASES = [("qwen3_moe", {"norm_topk_prob": False}), ("qwen3_moe", {"norm_topk_pro
          ("deepseek_v3", {}), ("qwen2_moe", {}), ("olmoe", {}), ("glm4_moe", {}), ("minimax_m2", {}), ("ernie4_5_moe", {})]
 IDS = ["qwen3_moe-unnormalised", "qwen3_moe-normalised", "mixtral", "qwen3_next", "deepseek_v3", "qwen2_moe", "olmoe", "glm4_moe",
        "minimax_m2", "ernie4_5_moe"]
+# Families whose dense MLP layers are set by config options (DeepSeek-V3, GLM-4-MoE and ERNIE have theirs in CASES).
+DENSE_VARIANTS = [("qwen3_moe", {"mlp_only_layers": [1]}), ("qwen3_moe", {"decoder_sparse_step": 2}),
+                  ("qwen3_next", {"mlp_only_layers": [0, 3]}), ("qwen2_moe", {"mlp_only_layers": [2]})]
+DENSE_IDS = [f"{t}-dense-{'-'.join(f'{k}{v}' for k, v in s.items())}" for t, s in DENSE_VARIANTS]
 
 
 @pytest.fixture
@@ -144,7 +148,7 @@ def test_hf_parameters_keep_their_names_and_experts_are_sharded():
 # ---------------------------------------------------------------- the model's own function
 
 
-@pytest.mark.parametrize(("model_type", "settings"), CASES, ids=IDS)
+@pytest.mark.parametrize(("model_type", "settings"), CASES + DENSE_VARIANTS, ids=IDS + DENSE_IDS)
 def test_the_reference_trains_what_transformers_trains(model_type, settings):
     config = tiny_config(model_type, **settings)
     microbatches, seq_len, steps = 2, 8, 3
@@ -172,15 +176,11 @@ def test_qwen3_moe_norm_topk_prob_is_the_models():
     ("qwen3_moe", {"output_router_logits": True}, "output_router_logits=True adds the load-balancing auxiliary loss"),
     ("mixtral", {"output_router_logits": True}, "set config.output_router_logits=False"),
     ("mixtral", {"router_jitter_noise": 0.1}, "router_jitter_noise=0.1"),
-    ("qwen3_moe", {"mlp_only_layers": [1]}, r"layers \[1\] are dense MLP layers"),
-    ("qwen3_moe", {"decoder_sparse_step": 2}, r"layers \[0, 2\] are dense MLP layers"),
     ("qwen3_moe", {"tie_word_embeddings": True}, "tie_word_embeddings=True"),
     ("qwen3_next", {"output_router_logits": True}, "output_router_logits=True adds the load-balancing auxiliary loss"),
-    ("qwen3_next", {"mlp_only_layers": [2]}, r"Qwen3NextForCausalLM: layers \[2\] are dense MLP layers"),
     ("qwen3_next", {"tie_word_embeddings": True}, "tie_word_embeddings=True"),
     ("deepseek_v3", {"tie_word_embeddings": True}, "tie_word_embeddings=True"),
     ("deepseek_v3", {"attention_dropout": 0.1}, "attention_dropout=0.1"),
-    ("qwen2_moe", {"mlp_only_layers": [0]}, r"Qwen2MoeForCausalLM: layers \[0\] are dense MLP layers"),
     ("olmoe", {"output_router_logits": True}, "output_router_logits=True"),
     ("minimax_m2", {"router_jitter_noise": 0.2}, "MiniMaxM2ForCausalLM: config.router_jitter_noise=0.2"),
     ("glm4_moe", {"tie_word_embeddings": True}, "tie_word_embeddings=True"),
@@ -347,19 +347,21 @@ def test_deepseek_v3_layers_through_the_tasks_are_the_models_and_the_router_is_i
     assert torch.allclose(weights.sum(-1), torch.full((6,), 2.5))
 
 
-def test_one_rank_trains_deepseek_v3_dense_and_sparse_layers_like_the_reference(tmp_path, deterministic):
+@pytest.mark.parametrize(("model_type", "settings", "dense"), [("deepseek_v3", {}, "l0"), ("qwen3_moe", {"mlp_only_layers": [2]}, "l2")],
+                         ids=["deepseek_v3", "qwen3_moe-mlp_only_layers"])
+def test_one_rank_trains_dense_and_sparse_layers_like_the_reference(tmp_path, deterministic, model_type, settings, dense):
     """The executor's dense-MLP tasks (forward, dgrad, wgrad) in one process: bitwise the reference, close to transformers."""
     from runtime.executor import StageExecutor, create_groups
     from runtime.layout import RankGrid
     from runtime.session import load_programs
 
-    config = tiny_config("deepseek_v3")
+    config = tiny_config(model_type, **settings)
     data, signature = compile_plan(config, pp=1, ep=1)
     seq_len, microbatches, steps = PARALLEL["seq_len"], PARALLEL["microbatches"], 2
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     try:
         session = TrainingSession.start(data, build(config), signature=signature, health=False)
-        assert {t.kind for t in session.executor.tasks if t.layer == "l0"} >= {"dense_mlp.fwd", "dense_mlp.dgrad", "dense_mlp.wgrad"}
+        assert {t.kind for t in session.executor.tasks if t.layer == dense} >= {"dense_mlp.fwd", "dense_mlp.dgrad", "dense_mlp.wgrad"}
         opt = optimizer(session.parameters())
         ref = LocalReference(lambda: build(config), ep=1, microbatches=microbatches, optimizer=optimizer)
         want = transformers_losses(config, steps, 1, microbatches, seq_len)
@@ -373,6 +375,8 @@ def test_one_rank_trains_deepseek_v3_dense_and_sparse_layers_like_the_reference(
             opt.zero_grad(set_to_none=True)
             ref.optimizer_step()
 
+        if model_type != "deepseek_v3":
+            return
         # A plan whose layer 1 is sparse, a model whose layer 1 is dense: the executor names the task and the layer.
         deeper_dense = build(tiny_config("deepseek_v3", first_k_dense_replace=2))
         programs = load_programs(data, signature, {})
@@ -390,10 +394,11 @@ FAMILIES = {
 }
 
 
-@pytest.mark.parametrize("model_type", sorted(FAMILIES))
-def test_every_decoder_layer_through_the_tasks_is_the_models_own(model_type):
+@pytest.mark.parametrize(("model_type", "settings"), [(t, {}) for t in sorted(FAMILIES)] + DENSE_VARIANTS,
+                         ids=sorted(FAMILIES) + DENSE_IDS)
+def test_every_decoder_layer_through_the_tasks_is_the_models_own(model_type, settings):
     """Each family's binding picks its model and computes each decoder layer (dense or sparse) as the model does."""
-    model = build(tiny_config(model_type))
+    model = build(tiny_config(model_type, **settings))
     assert binding_for(model) is FAMILIES[model_type]
     g = torch.Generator().manual_seed(7)
     with torch.no_grad():  # routing-choice corrections that change which experts are chosen: the model's own are used
