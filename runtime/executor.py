@@ -48,7 +48,7 @@ import torch
 import torch.distributed as dist
 
 from runtime.backward_split import ForwardRunner, OrderedGradients, ParamSlot, TaskGraph, WeightGradJob, backward_data
-from runtime.bindings import WEIGHTED_OPS, BindingError, ModelBinding, Routing, task_op
+from runtime.bindings import MOE_OPS, WEIGHTED_OPS, BindingError, ModelBinding, Routing, task_op
 from runtime.bytecode import Collective, Payload
 from runtime.layout import RankGrid, StageLayout
 from runtime.reference import ActionKind, load_imbalance
@@ -281,6 +281,15 @@ class StageExecutor:
             op, _ = task_op(t.kind)
             if op not in known:
                 raise BindingError(f"plan task '{t.name}' has kind '{t.kind}', which this executor cannot run")
+        for t in self.tasks:
+            op, _ = task_op(t.kind)
+            if t.layer in ("embed", "head") or not (op in MOE_OPS or op == "dense_mlp"):
+                continue
+            if self.binding.is_dense(t.layer) != (op == "dense_mlp"):
+                raise BindingError(
+                    f"plan task '{t.name}' is a {'dense' if op == 'dense_mlp' else 'MoE'} layer's, but layer {t.layer} of the "
+                    f"model is {'a dense MLP' if self.binding.is_dense(t.layer) else 'a sparse MoE'} layer; compile the plan for this model"
+                )
         planned = any(task_op(t.kind)[0] == "shared_expert" for t in self.tasks)
         if planned != self.binding.has_shared_expert:
             raise BindingError(
@@ -304,6 +313,7 @@ class StageExecutor:
                 "permute": lambda: b.permute_fn(),
                 "expert_gemm": lambda: b.experts_fn(layer),
                 "shared_expert": lambda: b.shared_fn(layer),
+                "dense_mlp": lambda: b.dense_fn(layer),
             }[op]()
             self._fns[key] = fn
         return fn
@@ -518,6 +528,10 @@ class StageExecutor:
         elif op == "shared_expert":
             g = self._graph(layer, op, mb, self._fn(layer, op), [self._resolve((layer, "n", mb), name)])
             self.values[(layer, "shared", mb)] = g.outputs[0]
+        elif op == "dense_mlp":
+            h, n = self._resolve((layer, "h", mb), name), self._resolve((layer, "n", mb), name)
+            g = self._graph(layer, op, mb, self._fn(layer, op), [h, n])
+            self.values[(layer, "out", mb)] = g.outputs[0]  # a dense layer's output needs no assembly
         else:
             raise BindingError(f"task '{name}' is a forward this executor does not run")
 
@@ -640,6 +654,9 @@ class StageExecutor:
             grads = [self._grad(layer, "logits", mb, name)] if self.external_loss else [None, None]
             (gx,), job = backward_data(graph, grads)
             self._set_grad(layer, "x", mb, gx)
+        elif op == "mixer" and self.binding.is_dense(layer):
+            (gx,), job = backward_data(graph, [self._grad(layer, "h", mb, name), self._grad(layer, "n", mb, name, ("dense_mlp",))])
+            self._set_grad(layer, "x", mb, gx)
         elif op == "mixer":
             self._assembled_grads(layer, mb, name)
             self._permute_grads(layer, mb, name)
@@ -648,6 +665,10 @@ class StageExecutor:
             g_n = self._grad(layer, "n", mb, name, self._n_consumers)
             (gx,), job = backward_data(graph, [g_h, g_n])
             self._set_grad(layer, "x", mb, gx)
+        elif op == "dense_mlp":
+            (g_dense_h, g_dense_n), job = backward_data(graph, [self._out_grad(layer, mb, name)])
+            self._set_grad(layer, "h", mb, g_dense_h)
+            self._set_grad(layer, "n", mb, g_dense_n, "dense_mlp")
         elif op == "router":
             self._assembled_grads(layer, mb, name)
             g_w = self._grad(layer, "weights", mb, name)

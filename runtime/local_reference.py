@@ -134,6 +134,11 @@ class LocalReference:
         routings: list[Routing] = []
         for i in range(b[0].num_layers):
             layer = f"l{i}"
+            if b[0].is_dense(layer):  # a dense MLP layer: no routing, each replica on its own
+                for s in range(self.shards):
+                    h, n = b[s].mixer_fn(layer)(_cut(xs[s]))
+                    xs[s] = b[s].dense_fn(layer)(_cut(h), _cut(n))[0]
+                continue
             hs, ns, perms, weights, orders, counts = [], [], [], [], [], []
             for s in range(self.shards):
                 h, n = b[s].mixer_fn(layer)(_cut(xs[s]))
@@ -177,6 +182,8 @@ class LocalReference:
         order, expert gradients over the data-parallel replicas of the same EP rank."""
         params = [dict(m.named_parameters()) for m in self.replicas]
         for name in params[0]:
+            if not params[0][name].requires_grad:
+                continue  # frozen: no gradient, as in the executor (ModelBinding.slots)
             expert = self.bindings[0].is_expert_param(name)
             groups: Sequence[list[int]]
             if expert:

@@ -90,9 +90,10 @@ def check_model_fits_plan(family: type[ModelBinding], model: nn.Module, programs
             f"the plan runs {len(planned)} decoder layers but the {type(model).__name__} has {len(parts.layers)}; "
             "compile the plan for this model"
         )
-    first = family.decoder_parts(model, 0, parts.layers[0])
+    sparse = [i for i, block in enumerate(parts.layers) if family.dense_parts(model, i, block) is None]
+    first = family.decoder_parts(model, sparse[0], parts.layers[sparse[0]]) if sparse else None
     shared = any(task_op(t.kind)[0] == "shared_expert" for p in programs for t in p.tasks)
-    if shared != (first.shared_expert is not None):
+    if shared != (first is not None and first.shared_expert is not None):
         raise BindingError(
             "the plan has shared-expert tasks but the model has no shared expert; compile the plan for this model"
             if shared else

@@ -56,6 +56,8 @@ class StageModule(nn.Module):
     def _decoder(self, layer: str, x: torch.Tensor) -> torch.Tensor:
         b = self.binding
         h, n = b.mixer_fn(layer)(task_boundary(x))
+        if b.is_dense(layer):
+            return b.dense_fn(layer)(task_boundary(h), task_boundary(n))[0]
         permuted, weights, order, counts = b.router_fn(layer)(task_boundary(n))
         routing = self._routing(counts)
         send, recv = routing.send_splits, routing.recv_splits

@@ -33,7 +33,7 @@ LR = 1e-2
 
 
 def tiny_config(model_type: str, **overrides: Any) -> Any:
-    """A 4-layer, hidden-64, 4-experts top-2 transformers config of ``model_type`` (qwen3_moe or mixtral)."""
+    """A 4-layer, hidden-64, 4-experts top-2 transformers config of ``model_type`` (a family with a binding)."""
     from transformers import AutoConfig
 
     common: dict[str, Any] = dict(num_hidden_layers=LAYERS, hidden_size=HIDDEN, vocab_size=VOCAB, num_attention_heads=4,
@@ -42,6 +42,30 @@ def tiny_config(model_type: str, **overrides: Any) -> Any:
         common.update(num_experts=EXPERTS, moe_intermediate_size=32, intermediate_size=64)
     elif model_type == "mixtral":
         common.update(num_local_experts=EXPERTS, intermediate_size=32)
+    elif model_type == "qwen2_moe":
+        common.update(num_experts=EXPERTS, moe_intermediate_size=32, shared_expert_intermediate_size=32, intermediate_size=64)
+    elif model_type == "olmoe":
+        common.update(num_experts=EXPERTS, intermediate_size=32, eos_token_id=None)
+    elif model_type == "glm4_moe":
+        common.update(n_routed_experts=EXPERTS, moe_intermediate_size=32, intermediate_size=64, n_shared_experts=1,
+                      first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=2.5)
+    elif model_type == "minimax_m2":
+        common.update(num_local_experts=EXPERTS, intermediate_size=32, bos_token_id=None, eos_token_id=None)
+    elif model_type == "ernie4_5_moe":
+        # Layer 0 dense (moe_layer_start_index=1), one shared expert.
+        common.update(moe_num_experts=EXPERTS, moe_intermediate_size=32, intermediate_size=64, moe_num_shared_experts=1,
+                      moe_k=TOP_K, moe_layer_start_index=1)
+    elif model_type == "qwen3_next":
+        common.update(num_experts=EXPERTS, moe_intermediate_size=32, shared_expert_intermediate_size=32, intermediate_size=64,
+                      linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+                      linear_conv_kernel_dim=4, layer_types=["linear_attention", "full_attention"] * (LAYERS // 2))
+    elif model_type == "deepseek_v3":
+        # MLA, layer 0 dense, sigmoid routing over 2 groups of 2 experts (1 group kept), one shared expert.
+        del common["head_dim"]
+        common["num_key_value_heads"] = common["num_attention_heads"]  # MLA: keys and values per head
+        common.update(n_routed_experts=EXPERTS, moe_intermediate_size=32, intermediate_size=64, n_shared_experts=1,
+                      first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=2.5, kv_lora_rank=16,
+                      q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16)
     else:
         raise ValueError(f"no tiny config for model type '{model_type}'")
     common.update(overrides)

@@ -15,6 +15,7 @@ stack lives, is the business of one binding class per model family:
         def matches(cls, model): ...            # is this model laid out as this family?
         def _locate(self): ...                  # embedding, decoder layers, final norm, head
         def _decoder_parts(self, i, block): ... # the modules of decoder layer i
+        def dense_parts(cls, model, i, block): ...  # families with dense MLP layers: their modules
 
 and may override the forwards (``mixer_fn``, ``gate_fn``, ``experts_fn``,
 ``shared_fn``) where the family computes them differently.
@@ -29,6 +30,11 @@ The pieces of one decoder layer and what flows between them:
     expert_out --combine (All-to-All)--> returned    (back on the ranks that own the tokens)
     n --shared_expert--> shared                      (families that have one)
     h, returned, weights[, shared] --assemble--> out (the layer output; no task of its own)
+
+A dense layer (DeepSeek-V3's first ``first_k_dense_replace`` layers; the plan
+names its feed-forward task ``dense_mlp``) has the same mixer and one more task:
+
+    h, n --dense_mlp--> out                   out = h + mlp(n)
 
 Expert parallelism: EP rank ``r`` owns experts ``r*E/ep .. (r+1)*E/ep - 1``; a
 family's ``shard_experts`` keeps only those in the model (as new parameters).
@@ -50,8 +56,9 @@ from torch import nn
 from runtime.backward_split import ParamSlot
 
 MIXER_KINDS = frozenset({"attention", "linear_attention", "mla", "sliding_attention", "mamba", "ssm"})
-DECODER_OPS = ("mixer", "router", "dispatch", "expert_gemm", "combine", "shared_expert")
-WEIGHTED_OPS = frozenset({"embedding", "mixer", "router", "expert_gemm", "shared_expert", "lm_head"})
+DECODER_OPS = ("mixer", "router", "dispatch", "expert_gemm", "combine", "shared_expert", "dense_mlp")
+MOE_OPS = frozenset({"router", "dispatch", "expert_gemm", "combine", "shared_expert"})
+WEIGHTED_OPS = frozenset({"embedding", "mixer", "router", "expert_gemm", "shared_expert", "dense_mlp", "lm_head"})
 _DECODER_NAME = re.compile(r"^l(\d+)$")
 
 TaskFn = Callable[..., tuple[torch.Tensor, ...]]
@@ -156,7 +163,8 @@ class DecoderParts:
     ``router`` is the model's own routing module (a Linear gate, or a router module
     that returns its weights and expert indices); ``experts`` holds fused expert
     weights ``gate_up_proj`` [E, 2I, H] and ``down_proj`` [E, H, I].
-    ``shared_expert``/``shared_expert_gate`` are None in families without one.
+    ``shared_expert``/``shared_expert_gate`` are None in families without one; a
+    shared expert without a gate (DeepSeek-V3) is added to the routed sum as it is.
     """
 
     index: int
@@ -176,6 +184,18 @@ class DecoderParts:
         if not isinstance(gate_up, torch.Tensor) or not isinstance(down, torch.Tensor):
             raise BindingError(f"decoder layer {self.index}'s experts have no fused 'gate_up_proj'/'down_proj' [E, ...]")
         return gate_up, down
+
+
+@dataclass(frozen=True)
+class DenseParts:
+    """The modules of a dense decoder layer: the mixer's, as in ``DecoderParts``, and one MLP ``mlp(n)``."""
+
+    index: int
+    block: nn.Module
+    input_norm: nn.Module
+    mixer: nn.Module
+    post_norm: nn.Module
+    mlp: nn.Module
 
 
 @dataclass(frozen=True)
@@ -219,17 +239,25 @@ class ModelBinding:
         raise NotImplementedError
 
     @classmethod
+    def dense_parts(cls, model: nn.Module, index: int, block: nn.Module) -> DenseParts | None:
+        """The modules of decoder layer ``index`` if it is a dense MLP layer, else None (every layer sparse by default)."""
+        return None
+
+    @classmethod
     def check_model(cls, model: nn.Module) -> None:
         """Refuse (BindingError) what this family's forwards would compute differently from the model."""
         parts = cls.locate(model)
         for i, block in enumerate(parts.layers):
-            cls.decoder_parts(model, i, block).expert_weights()
+            if cls.dense_parts(model, i, block) is None:
+                cls.decoder_parts(model, i, block).expert_weights()
 
     @classmethod
     def shard_experts(cls, model: nn.Module, ep_rank: int, ep: int) -> None:
         """Keep only EP rank ``ep_rank``'s experts in every MoE block, as new parameters (in place)."""
         parts = cls.locate(model)
         for i, block in enumerate(parts.layers):
+            if cls.dense_parts(model, i, block) is not None:
+                continue
             experts = cls.decoder_parts(model, i, block).experts
             for attr in ("gate_up_proj", "down_proj"):
                 full = getattr(experts, attr)
@@ -246,9 +274,18 @@ class ModelBinding:
         self.ep, self.ep_rank = ep, ep_rank
         parts = type(self).locate(model)
         self.embed, self.layers, self.final_norm, self.lm_head = parts.embed, parts.layers, parts.final_norm, parts.lm_head
-        self.decoders = [type(self).decoder_parts(model, i, block) for i, block in enumerate(self.layers)]
+        family = type(self)
+        self.dense_layers: dict[int, DenseParts] = {}
+        self._sparse: dict[int, DecoderParts] = {}
+        for i, block in enumerate(self.layers):
+            dense = family.dense_parts(model, i, block)
+            if dense is not None:
+                self.dense_layers[i] = dense
+            else:
+                self._sparse[i] = family.decoder_parts(model, i, block)
+        self.decoders = list(self._sparse.values())  # the sparse (MoE) layers, in order
         if not self.decoders:
-            raise BindingError("the model has no decoder layers")
+            raise BindingError("the model has no sparse MoE decoder layers" if len(self.layers) else "the model has no decoder layers")
         self._names = {id(m): name for name, m in model.named_modules()}
         first = self.decoders[0]
         self.top_k = first.top_k
@@ -283,7 +320,7 @@ class ModelBinding:
 
     @property
     def num_layers(self) -> int:
-        return len(self.decoders)
+        return len(self.layers)
 
     @property
     def vocab_size(self) -> int:
@@ -296,11 +333,33 @@ class ModelBinding:
         """The weighted ops of a decoder layer of this model, in the order the executor keeps them."""
         return ("mixer", "router", "expert_gemm") + (("shared_expert",) if self.has_shared_expert else ())
 
-    def decoder(self, layer: str) -> DecoderParts:
+    def _layer_index(self, layer: str) -> int:
         m = _DECODER_NAME.match(layer)
-        if not m or int(m.group(1)) >= len(self.decoders):
-            raise BindingError(f"plan layer '{layer}' is not a decoder layer of the model ({len(self.decoders)} layers, named l0..)")
-        return self.decoders[int(m.group(1))]
+        if not m or int(m.group(1)) >= len(self.layers):
+            raise BindingError(f"plan layer '{layer}' is not a decoder layer of the model ({len(self.layers)} layers, named l0..)")
+        return int(m.group(1))
+
+    def is_dense(self, layer: str) -> bool:
+        """Whether decoder layer ``layer`` has a dense MLP (a ``dense_mlp`` task) rather than routed experts."""
+        return self._layer_index(layer) in self.dense_layers
+
+    def decoder(self, layer: str) -> DecoderParts:
+        """The modules of sparse decoder layer ``layer`` (a BindingError for a dense one)."""
+        i = self._layer_index(layer)
+        if i in self.dense_layers:
+            raise BindingError(f"layer {layer} of the model is a dense MLP layer; it has no router, experts or shared expert")
+        return self._sparse[i]
+
+    def dense(self, layer: str) -> DenseParts:
+        """The modules of dense decoder layer ``layer`` (a BindingError for a sparse one)."""
+        i = self._layer_index(layer)
+        if i not in self.dense_layers:
+            raise BindingError(f"layer {layer} of the model is a sparse MoE layer; it has no dense MLP")
+        return self.dense_layers[i]
+
+    def layer_parts(self, layer: str) -> DecoderParts | DenseParts:
+        """The modules of decoder layer ``layer``, dense or sparse (its mixer's are in both)."""
+        return self.dense(layer) if self.is_dense(layer) else self.decoder(layer)
 
     def stage_modules(self, layer: str) -> list[nn.Module]:
         """The modules plan layer ``layer`` trains (for an ``nn.Module`` of a stage)."""
@@ -308,7 +367,7 @@ class ModelBinding:
             return [self.embed]
         if layer == "head":
             return [self.final_norm, self.lm_head]
-        return [self.decoder(layer).block]
+        return [self.layer_parts(layer).block]
 
     def _slots(self, *modules: nn.Module | None) -> tuple[ParamSlot, ...]:
         out = []
@@ -320,19 +379,24 @@ class ModelBinding:
                 raise BindingError(f"a {type(module).__name__} the binding uses is not a submodule of the model")
             for mod_name, sub in module.named_modules():
                 for attr, p in sub._parameters.items():
-                    if p is not None:
+                    # A frozen parameter (ERNIE-4.5's moe_statics bias) is a constant of the task, never trained:
+                    # no gradient, so an optimizer leaves it as transformers' training does.
+                    if p is not None and p.requires_grad:
                         out.append(ParamSlot(".".join(x for x in (prefix, mod_name, attr) if x), sub, attr))
         return tuple(out)
 
     def slots(self, layer: str, op: str) -> tuple[ParamSlot, ...]:
-        """The parameters the forward of ``op`` in ``layer`` uses, under their names in the model."""
+        """The trained parameters the forward of ``op`` in ``layer`` uses, under their names in the model."""
         if op == "embedding":
             return self._slots(self.embed)
         if op == "lm_head":
             return self._slots(self.final_norm, self.lm_head)
-        d = self.decoder(layer)
         if op == "mixer":
-            return self._slots(d.input_norm, d.mixer, d.post_norm)
+            m = self.layer_parts(layer)
+            return self._slots(m.input_norm, m.mixer, m.post_norm)
+        if op == "dense_mlp":
+            return self._slots(self.dense(layer).mlp)
+        d = self.decoder(layer)
         if op == "router":
             return self._slots(d.router)
         if op == "expert_gemm":
@@ -347,6 +411,8 @@ class ModelBinding:
             return {"embedding": self.slots(layer, "embedding")}
         if layer == "head":
             return {"lm_head": self.slots(layer, "lm_head")}
+        if self.is_dense(layer):
+            return {op: self.slots(layer, op) for op in ("mixer", "dense_mlp")}
         return {op: self.slots(layer, op) for op in self.weighted_ops()}
 
     def is_expert_param(self, key: str) -> bool:
@@ -364,7 +430,7 @@ class ModelBinding:
         return embedding
 
     def mixer_fn(self, layer: str) -> TaskFn:
-        d = self.decoder(layer)
+        d = self.layer_parts(layer)
 
         def mixer_forward(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
             h = x + d.mixer(d.input_norm(x))
@@ -429,16 +495,27 @@ class ModelBinding:
 
     def shared_fn(self, layer: str) -> TaskFn:
         d = self.decoder(layer)
-        if d.shared_expert is None or d.shared_expert_gate is None:
+        if d.shared_expert is None:
             raise BindingError(f"the plan has a shared-expert task in {layer}, but this model has no shared expert")
         shared_expert, shared_gate = d.shared_expert, d.shared_expert_gate
         hidden = self.hidden
 
         def shared_expert_forward(n: torch.Tensor) -> tuple[torch.Tensor, ...]:
             tokens = n.reshape(-1, hidden)
+            if shared_gate is None:
+                return (shared_expert(tokens),)
             return (torch.sigmoid(shared_gate(tokens)) * shared_expert(tokens),)
 
         return shared_expert_forward
+
+    def dense_fn(self, layer: str) -> TaskFn:
+        """A dense layer's feed-forward and residual: ``(h, n) -> h + mlp(n)`` (the layer output)."""
+        mlp = self.dense(layer).mlp
+
+        def dense_mlp(h: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return (h + mlp(n),)
+
+        return dense_mlp
 
     def assemble_fn(self) -> TaskFn:
         """The layer output: ``assemble(h, returned, weights[, shared], order)`` (``shared`` with a shared expert)."""
@@ -526,7 +603,11 @@ def binding_for(model: nn.Module) -> type[ModelBinding]:
     for cls in _REGISTRY:
         if cls.matches(model):
             return cls
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    what = type(model).__name__
+    if isinstance(model_type, str) and model_type:
+        what += f" (model type '{model_type}', which the compiler may plan but no binding trains yet)"
     raise BindingError(
-        f"no registered binding trains a {type(model).__name__} (families: {', '.join(registered_bindings()) or 'none'}); "
+        f"no registered binding trains a {what} (families: {', '.join(registered_bindings()) or 'none'}); "
         "pass binding= a ModelBinding subclass for it, or register one with runtime.bindings.register_binding"
     )

@@ -8,20 +8,29 @@ experts ``experts.gate_up_proj``/``down_proj`` with their ``act_fn``),
 forward calls the model's own modules the way its decoder layer does:
 
 - the mixer: the attention module with the rotary embedding of the model
-  (``rotary_emb(x, position_ids)``) and the causal mask transformers builds
-  for the model's config (``create_causal_mask``, or the sliding-window one
-  when the config sets ``sliding_window``), positions ``0..seq-1``;
+  (``rotary_emb(x, position_ids)``) and the causal mask its model's forward
+  builds for that layer (``mask_rule``: ``create_causal_mask``, or the
+  sliding-window one when the config sets ``sliding_window`` (Qwen3-MoE,
+  Mixtral) or the layer's ``layer_types`` entry says ``sliding_attention``
+  (Qwen2-MoE)), positions ``0..seq-1``;
 - the router: the model's router module, so the scoring function and
   ``norm_topk_prob`` (Qwen3-MoE trains unnormalised top-k weights by default)
   are the model's, never re-implemented here;
 - the experts: each local expert's ``gate_up_proj``/``down_proj`` with the
   experts' own ``act_fn``.
 
+The same layout serves OLMoE (``OlmoeForCausalLM``, its attention's q/k
+norms inside the module), Qwen2-MoE (``Qwen2MoeForCausalLM``, with a
+``shared_expert`` scaled by ``sigmoid(shared_expert_gate(x))``) and
+MiniMax-M2 (``MiniMaxM2ForCausalLM``, whose router takes the block's
+``e_score_correction_bias``).
+
 What these bindings do not reproduce is refused when the session starts,
 naming the setting: the load-balancing auxiliary loss
-(``output_router_logits=True``), Mixtral's router jitter, Qwen3-MoE's dense
-MLP layers (``mlp_only_layers``, ``decoder_sparse_step`` > 1) and tied
-input/output embeddings. Token ids are a full causal sequence: no padding
+(``output_router_logits=True``), router jitter, attention dropout and tied
+input/output embeddings. Dense MLP layers (an ``mlp`` without experts:
+``mlp_only_layers``, ``decoder_sparse_step`` > 1) run as the plan's
+``dense_mlp`` tasks. Token ids are a full causal sequence: no padding
 mask, no packed ``position_ids``.
 
 transformers is imported only when one of these models is bound (the runtime
@@ -36,7 +45,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from runtime.bindings.base import BindingError, DecoderParts, ModelBinding, ModelParts, TaskFn, child, register_binding
+from runtime.bindings.base import (
+    BindingError,
+    DecoderParts,
+    DenseParts,
+    ModelBinding,
+    ModelParts,
+    TaskFn,
+    child,
+    register_binding,
+)
 
 
 class HFSparseMoeBinding(ModelBinding):
@@ -44,6 +62,10 @@ class HFSparseMoeBinding(ModelBinding):
 
     causal_lm_classes: tuple[str, ...] = ()
     model_type = ""
+    # Which causal mask the model's forward gives a layer's attention: 'sliding_window' (the sliding-window
+    # mask where config.sliding_window is set), 'layer_types' (per config.layer_types[i]) or 'causal' (always).
+    mask_rule = "sliding_window"
+    mixer_kind = "attention"  # the plan's name for the mixer tasks of this family's layers
 
     @classmethod
     def matches(cls, model: nn.Module) -> bool:
@@ -78,12 +100,51 @@ class HFSparseMoeBinding(ModelBinding):
         parts = DecoderParts(
             index, block,
             child(block, ("input_layernorm",), where),
-            child(block, ("self_attn",), where),
+            cls.mixer_of(block, where),
             child(block, ("post_attention_layernorm",), where),
             mlp, router, experts, top_k,
+            *cls.shared_expert_of(mlp, where),
         )
         parts.expert_weights()
         return parts
+
+    @classmethod
+    def dense_parts(cls, model: nn.Module, index: int, block: nn.Module) -> DenseParts | None:
+        """A layer whose ``mlp`` has no experts is dense (``mlp_only_layers``, ``decoder_sparse_step``,
+        ``first_k_dense_replace``, ...): its MLP's own gate/up/down projections and activation."""
+        where = f"decoder layer {index} (model.model.layers.{index})"
+        mlp = child(block, ("mlp",), where)
+        if isinstance(getattr(mlp, "experts", None), nn.Module):
+            return None
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            child(mlp, (name,), f"{where}'s dense MLP")
+        return DenseParts(
+            index, block, child(block, ("input_layernorm",), where), cls.mixer_of(block, where),
+            child(block, ("post_attention_layernorm",), where), mlp,
+        )
+
+    @classmethod
+    def mixer_kind_of(cls, block: nn.Module) -> str:
+        """The plan's name for the mixer of decoder layer ``block`` (``mixer_kind``)."""
+        return cls.mixer_kind
+
+    @classmethod
+    def describe_layer(cls, model: nn.Module, index: int, block: nn.Module) -> tuple[str | None, str]:
+        """(mixer kind, feed-forward) of decoder layer ``index`` in a plan's words: ``dense``, ``moe`` or ``moe+shared``."""
+        if cls.dense_parts(model, index, block) is not None:
+            return cls.mixer_kind_of(block), "dense"
+        parts = cls.decoder_parts(model, index, block)
+        return cls.mixer_kind_of(block), ("moe+shared" if parts.shared_expert is not None else "moe")
+
+    @classmethod
+    def mixer_of(cls, block: nn.Module, where: str) -> nn.Module:
+        """The decoder layer's token mixer (its softmax attention ``self_attn`` here)."""
+        return child(block, ("self_attn",), where)
+
+    @classmethod
+    def shared_expert_of(cls, mlp: nn.Module, where: str) -> tuple[nn.Module | None, nn.Module | None]:
+        """(shared expert, its sigmoid gate) of the MoE block; (None, None) in families without one."""
+        return None, None
 
     @classmethod
     def check_model(cls, model: nn.Module) -> None:
@@ -94,6 +155,12 @@ class HFSparseMoeBinding(ModelBinding):
                 f"(router_aux_loss_coef={getattr(config, 'router_aux_loss_coef', None)}), which this binding does not "
                 "train yet; set config.output_router_logits=False"
             )
+        dropout = float(getattr(config, "attention_dropout", 0.0) or 0.0)
+        if dropout > 0:
+            raise BindingError(
+                f"{type(model).__name__}: config.attention_dropout={dropout} drops attention weights at random in "
+                "training, which this binding does not reproduce (its draws differ across the plan's ranks); set it to 0"
+            )
         if getattr(config, "tie_word_embeddings", False):
             raise BindingError(
                 f"{type(model).__name__}: config.tie_word_embeddings=True ties lm_head to the embedding across pipeline "
@@ -103,23 +170,32 @@ class HFSparseMoeBinding(ModelBinding):
 
     # ------------------------------------------------------------ forwards
 
-    def _positions(self, x: torch.Tensor) -> tuple[torch.Tensor, Any, Any]:
-        """(position ids, rotary (cos, sin), causal mask) of a full sequence, as the model's own forward builds them."""
+    def _sliding(self, index: int) -> bool:
+        """Whether the model's forward gives decoder layer ``index`` the sliding-window causal mask (``mask_rule``)."""
+        config: Any = self.model.config
+        if self.mask_rule == "causal":
+            return False
+        if self.mask_rule == "layer_types":
+            return list(config.layer_types)[index] == "sliding_attention"
+        return getattr(config, "sliding_window", None) is not None
+
+    def _positions(self, x: torch.Tensor, index: int) -> tuple[torch.Tensor, Any, Any]:
+        """(position ids, rotary (cos, sin), causal mask) of a full sequence for decoder layer ``index``, as the model's forward builds them."""
         from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
         config: Any = self.model.config
         inner: Any = self.model.model
         position_ids = torch.arange(x.shape[1], device=x.device).unsqueeze(0)
-        mask_function = create_causal_mask if getattr(config, "sliding_window", None) is None else create_sliding_window_causal_mask
+        mask_function = create_sliding_window_causal_mask if self._sliding(index) else create_causal_mask
         mask = mask_function(config=config, inputs_embeds=x, attention_mask=None, cache=None, position_ids=position_ids)
         return position_ids, inner.rotary_emb(x, position_ids=position_ids), mask
 
     def mixer_fn(self, layer: str) -> TaskFn:
-        d = self.decoder(layer)
+        d = self.layer_parts(layer)
         positions = self._positions
 
         def mixer_forward(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            position_ids, position_embeddings, mask = positions(x)
+            position_ids, position_embeddings, mask = positions(x, d.index)
             attended, _ = d.mixer(
                 hidden_states=d.input_norm(x), position_embeddings=position_embeddings, attention_mask=mask,
                 position_ids=position_ids,
@@ -149,25 +225,11 @@ class HFSparseMoeBinding(ModelBinding):
 
 @register_binding
 class Qwen3MoeBinding(HFSparseMoeBinding):
-    """transformers' ``Qwen3MoeForCausalLM`` (every layer sparse)."""
+    """transformers' ``Qwen3MoeForCausalLM`` (dense layers where ``mlp_only_layers``/``decoder_sparse_step`` put them)."""
 
     family = "qwen3_moe"
     causal_lm_classes = ("Qwen3MoeForCausalLM",)
     model_type = "qwen3_moe"
-
-    @classmethod
-    def check_model(cls, model: nn.Module) -> None:
-        config: Any = model.config
-        dense = list(getattr(config, "mlp_only_layers", None) or [])
-        step = int(getattr(config, "decoder_sparse_step", 1) or 1)
-        if step != 1:
-            dense += [i for i in range(config.num_hidden_layers) if (i + 1) % step]
-        if dense:
-            raise BindingError(
-                f"Qwen3MoeForCausalLM: layers {sorted(set(dense))} are dense MLP layers (mlp_only_layers, "
-                f"decoder_sparse_step={step}); this binding trains only all-sparse models yet"
-            )
-        super().check_model(model)
 
 
 @register_binding
@@ -180,10 +242,70 @@ class MixtralBinding(HFSparseMoeBinding):
 
     @classmethod
     def check_model(cls, model: nn.Module) -> None:
-        jitter = float(getattr(model.config, "router_jitter_noise", 0.0) or 0.0)
+        cls.check_model_jitter(model)
+        super().check_model(model)
+
+    @staticmethod
+    def check_model_jitter(model: nn.Module) -> None:
+        """Refuse ``router_jitter_noise`` > 0 (random noise on the router input in training)."""
+        jitter = float(getattr(getattr(model, "config", None), "router_jitter_noise", 0.0) or 0.0)
         if jitter > 0:
             raise BindingError(
-                f"MixtralForCausalLM: config.router_jitter_noise={jitter} multiplies the router input by random noise "
+                f"{type(model).__name__}: config.router_jitter_noise={jitter} multiplies the router input by random noise "
                 "in training, which this binding does not reproduce; set it to 0"
             )
+
+
+@register_binding
+class Qwen2MoeBinding(Qwen3MoeBinding):
+    """transformers' ``Qwen2MoeForCausalLM``: Qwen3-MoE's layout with a sigmoid-gated shared expert, masks per layer type."""
+
+    family = "qwen2_moe"
+    causal_lm_classes = ("Qwen2MoeForCausalLM",)
+    model_type = "qwen2_moe"
+    mask_rule = "layer_types"
+
+    @classmethod
+    def shared_expert_of(cls, mlp: nn.Module, where: str) -> tuple[nn.Module | None, nn.Module | None]:
+        return child(mlp, ("shared_expert",), where + "'s MoE block"), child(mlp, ("shared_expert_gate",), where + "'s MoE block")
+
+
+@register_binding
+class OlmoeBinding(HFSparseMoeBinding):
+    """transformers' ``OlmoeForCausalLM`` (every layer sparse; the model's forward always gives the full causal mask)."""
+
+    family = "olmoe"
+    causal_lm_classes = ("OlmoeForCausalLM",)
+    model_type = "olmoe"
+    mask_rule = "causal"
+
+
+@register_binding
+class MiniMaxM2Binding(HFSparseMoeBinding):
+    """transformers' ``MiniMaxM2ForCausalLM``: sigmoid routing whose choice the MoE block's ``e_score_correction_bias``
+    biases (the router is called with it, as the block calls it); the full causal mask."""
+
+    family = "minimax_m2"
+    causal_lm_classes = ("MiniMaxM2ForCausalLM",)
+    model_type = "minimax_m2"
+    mask_rule = "causal"
+
+    @classmethod
+    def check_model(cls, model: nn.Module) -> None:
+        MixtralBinding.check_model_jitter(model)
         super().check_model(model)
+
+    def gate_fn(self, layer: str) -> TaskFn:
+        d = self.decoder(layer)
+        router, moe = d.router, d.moe
+        hidden = self.hidden
+
+        def route(n: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            bias = getattr(moe, "e_score_correction_bias", None)
+            if not isinstance(bias, torch.Tensor):
+                raise BindingError(f"the MoE block of {layer} has no 'e_score_correction_bias' for its router")
+            _, weights, expert_index = router(n.reshape(-1, hidden), bias)
+            order, counts = self.sort_slots(expert_index)
+            return weights, order, counts
+
+        return route
