@@ -101,6 +101,13 @@ class HFSparseMoeBinding(ModelBinding):
             )
         super().check_model(model)
 
+    @classmethod
+    def describe_layer(cls, model: nn.Module, index: int, block: nn.Module) -> tuple[str | None, str]:
+        cls.decoder_parts(model, index, block)
+        # As the mixer forward below: a sliding-window mask on every layer when the config sets a window.
+        sliding = getattr(getattr(model, "config", None), "sliding_window", None) is not None
+        return ("sliding_attention" if sliding else "attention"), "moe"
+
     # ------------------------------------------------------------ forwards
 
     def _positions(self, x: torch.Tensor) -> tuple[torch.Tensor, Any, Any]:
