@@ -292,7 +292,7 @@ class TrainingSession:
     def state_dict(self) -> dict[str, torch.Tensor]:
         """This rank's shard of the trained parameters, under the model's own names (detached, sharing storage).
 
-        The parameters of this rank's pipeline stages; of a fused expert tensor
+        The parameters (and persistent buffers) of this rank's pipeline stages; of a fused expert tensor
         (``<prefix>.experts.gate_up_proj`` [experts, ...]) only this rank's experts, one entry
         each under ``<prefix>.experts.<global expert index>.gate_up_proj``. Ranks that
         replicate a parameter (EP and DP ranks of one stage) hold the same values.
@@ -306,6 +306,20 @@ class TrainingSession:
                     out[expert_key(key, first + i)] = rows
             else:
                 out[key] = param.detach()
+        out.update(self._persistent_buffers())
+        return out
+
+    def _persistent_buffers(self) -> dict[str, torch.Tensor]:
+        """The persistent buffers of this rank's layers (a router's bias correction, say), under the model's names."""
+        binding = self.executor.binding
+        names = {id(m): name for name, m in binding.model.named_modules()}
+        out: dict[str, torch.Tensor] = {}
+        for layer in self.executor.my_layers:
+            for module in binding.stage_modules(layer):
+                for sub_name, sub in module.named_modules(prefix=names.get(id(module), "")):
+                    for attr, buf in sub._buffers.items():
+                        if buf is not None and attr not in sub._non_persistent_buffers_set:
+                            out[f"{sub_name}.{attr}" if sub_name else attr] = buf.detach()
         return out
 
     def full_state_dict(self, dst: int = 0) -> dict[str, torch.Tensor] | None:

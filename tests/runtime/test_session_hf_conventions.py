@@ -88,7 +88,12 @@ def test_padding_and_packed_positions_are_refused(world_of_one, plan):
 
 
 def test_the_state_dict_keeps_the_models_names_and_the_full_one_loads_into_a_fresh_model(world_of_one, plan):
-    model = build_model()
+    def with_buffers(m):  # a persistent buffer travels with the parameters, a non-persistent one does not
+        m.layers[0].moe.register_buffer("bias_correction", torch.arange(4.0))
+        m.layers[0].moe.register_buffer("scratch", torch.zeros(2), persistent=False)
+        return m
+
+    model = with_buffers(build_model())
     session = TrainingSession.start(plan, model, health=False)
     opt = adamw(session.parameters())
     ids = token_ids(0)[0]
@@ -98,11 +103,14 @@ def test_the_state_dict_keeps_the_models_names_and_the_full_one_loads_into_a_fre
     names = dict(model.named_parameters())
     fused = "layers.0.moe.experts.gate_up_proj"
     assert fused not in mine and torch.equal(mine["layers.0.moe.experts.3.gate_up_proj"], names[fused][3])
-    assert set(mine) - {k for k in mine if ".experts." in k} == {k for k in names if ".experts." not in k}
+    assert set(mine) - {k for k in mine if ".experts." in k} == {k for k in names if ".experts." not in k} | {
+        "layers.0.moe.bias_correction"}
     full = session.full_state_dict()
-    assert full is not None and set(full) == set(names)
-    fresh = build_model()
+    assert full is not None and set(full) == set(model.state_dict())
+    fresh = with_buffers(build_model())
+    fresh.layers[0].moe.bias_correction.zero_()
     fresh.load_state_dict(full)
+    assert torch.equal(fresh.layers[0].moe.bias_correction, torch.arange(4.0))
     probe = token_ids(9)[0, 0]
     with torch.no_grad():
         assert torch.equal(fresh(probe), model(probe))
