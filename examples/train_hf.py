@@ -184,9 +184,6 @@ def train_distributed(args: argparse.Namespace, config: Any, compiled: tuple[byt
         data, signature = payload[0]
         expect = {"model": args.model_type, "microbatches": args.microbatches, "seq_len": args.seq_len}
         session = TrainingSession.start(data, build(config, args.seed), signature=signature, expect=expect)
-        if rank == 0 and session.model_check is not None and session.model_check.unchecked:
-            print(f"the model was checked against the plan's {', '.join(session.model_check.checked)}; the plan does "
-                  f"not record its {', '.join(session.model_check.unchecked)} (no signature given)", flush=True)
         opt = optimizer(session.parameters(), args.lr)
         for step in range(args.steps):
             ids = session.my_slice(make_batch(step, args.seed, session.grid.shards, args.microbatches, args.seq_len, args.vocab))

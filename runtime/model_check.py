@@ -35,6 +35,10 @@ from runtime.bindings.base import MIXER_KINDS, BindingError, ModelBinding
 UNRECORDED_FIELDS = ("experts", "top_k", "hidden_size", "vocab_size")
 
 
+class UncheckedModelWarning(UserWarning):
+    """A session started without the plan signature: what the plan does not record went unchecked."""
+
+
 class ModelMismatch(BindingError):
     """The model given to ``start`` is not the one the plan was compiled for; ``field`` names what differs."""
 
@@ -70,6 +74,14 @@ class ModelCheck:
     checked: tuple[str, ...]
     unchecked: tuple[str, ...]
     signature_checked: bool
+
+    def unchecked_note(self) -> str | None:
+        """One line naming what was not compared (None when the signature covered it)."""
+        if not self.unchecked:
+            return None
+        return (f"no plan signature given: the model was checked against the plan's {', '.join(self.checked)}, "
+                f"not its {', '.join(self.unchecked)}, which the plan does not record; pass signature= "
+                "(codegen.signature.plan_signature of the model) to check them too")
 
 
 def _ffn_of_ops(ops: set[str]) -> str:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +39,7 @@ from runtime.errors import PlanError
 from runtime.executor import IterationResult, StageExecutor, create_groups
 from runtime.health import HealthWatch, job_store
 from runtime.layout import RankGrid, StageLayout
-from runtime.model_check import ModelCheck, check_model_against_plan
+from runtime.model_check import ModelCheck, UncheckedModelWarning, check_model_against_plan
 
 IGNORE_INDEX = -100  # transformers' label for "no loss here" (torch.nn.functional.cross_entropy's default)
 _EXPERT_KEY = re.compile(r"^(.*\.experts)\.(\d+)\.([A-Za-z_][A-Za-z0-9_]*)$")
@@ -217,6 +218,9 @@ class TrainingSession:
         family.check_model(model)
         layout = StageLayout.from_programs(programs)
         model_check = check_model_against_plan(family, model, programs, signature_checked=signature is not None)
+        note = model_check.unchecked_note()
+        if note is not None and dist.get_rank() == 0:
+            warnings.warn(note, UncheckedModelWarning, stacklevel=2)
         rank, world = dist.get_rank(), dist.get_world_size()
         grid = RankGrid.for_world(world, int(info.pp), int(info.ep))
         watch = None

@@ -33,7 +33,12 @@ def test_the_model_the_plan_was_compiled_for_passes_and_what_was_not_checked_is_
     check = check_model_against_plan(Qwen3MoeBinding, model, qwen3_programs)
     assert check.checked == ("model", "layers", "mixer kinds", "ffn kinds", "shared expert")
     assert check.unchecked == UNRECORDED_FIELDS == ("experts", "top_k", "hidden_size", "vocab_size")
-    assert check_model_against_plan(Qwen3MoeBinding, model, qwen3_programs, signature_checked=True).unchecked == ()
+    assert check.unchecked_note() == (
+        "no plan signature given: the model was checked against the plan's model, layers, mixer kinds, ffn kinds, "
+        "shared expert, not its experts, top_k, hidden_size, vocab_size, which the plan does not record; pass "
+        "signature= (codegen.signature.plan_signature of the model) to check them too")
+    signed = check_model_against_plan(Qwen3MoeBinding, model, qwen3_programs, signature_checked=True)
+    assert signed.unchecked == () and signed.unchecked_note() is None
 
 
 def test_the_plan_describes_its_decoder_layers(qwen3_programs):

@@ -8,6 +8,7 @@ import torch.distributed as dist
 
 from runtime.bytecode import encode
 from runtime.local_reference import LocalReference
+from runtime.model_check import UncheckedModelWarning
 from runtime.session import IGNORE_INDEX, TrainingSession, expert_key, merge_shards, shift_labels
 
 from tiny_plan import tiny_example, tiny_plan_image
@@ -71,7 +72,9 @@ def test_hf_labels_are_shifted_inside_and_minus_100_is_ignored(world_of_one, pla
 
 
 def test_padding_and_packed_positions_are_refused(world_of_one, plan):
-    session = TrainingSession.start(plan, build_model(), health=False)
+    with pytest.warns(UncheckedModelWarning, match=r"no plan signature given: the model was checked against the plan's "
+                                                   r"layers, mixer kinds, .* not its experts, top_k"):
+        session = TrainingSession.start(plan, build_model(), health=False)
     ids = token_ids(0)[0]
     mask = torch.ones_like(ids)
     mask[0, 0, -2:] = 0
