@@ -363,7 +363,7 @@ def main() -> int:
         b_time, b_losses = timed(lambda x=mine_ids, y=mine_labels: baseline.step(x, y), base_cpu)
 
         def tessera_step(x: torch.Tensor = mine_ids, y: torch.Tensor = mine_labels) -> Any:
-            result = session.step(x, y)
+            result = session.step(x, y, labels_shifted=True)
             tessera_opt.step()
             tessera_opt.zero_grad(set_to_none=True)
             return result

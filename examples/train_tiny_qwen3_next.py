@@ -220,7 +220,7 @@ def train_distributed(args: argparse.Namespace) -> int:
             steps_done[0] = step
             ids, labels = make_batch(step, args.seed, session.grid.shards, args.microbatches, 1, args.seq_len,
                                      cfg.vocab_size, args.skew)
-            result = session.step(session.my_slice(ids), session.my_slice(labels))
+            result = session.step(session.my_slice(ids), session.my_slice(labels), labels_shifted=True)
             if ledger is not None:
                 ledger.record(step, result.iteration)
             if result.losses is not None:

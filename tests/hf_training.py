@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         for step in range(args.steps):
             ids = make_batch(step, session.grid.shards, microbatches, seq_len)
             inputs, labels = ids[..., :-1].contiguous(), ids[..., 1:].contiguous()
-            result = session.step(session.my_slice(inputs), session.my_slice(labels))
+            result = session.step(session.my_slice(inputs), session.my_slice(labels), labels_shifted=True)
             if result.loss_tensors is not None:
                 Path(args.out).mkdir(parents=True, exist_ok=True)
                 torch.save(torch.stack([torch.stack(row) for row in result.loss_tensors]), Path(args.out) / f"losses{step}.pt")

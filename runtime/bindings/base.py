@@ -252,6 +252,26 @@ class ModelBinding:
                 cls.decoder_parts(model, i, block).expert_weights()
 
     @classmethod
+    def model_name(cls, model: nn.Module) -> str | None:
+        """The model name a plan compiled for ``model`` carries (``PlanInfo.model``); None where the family cannot tell.
+
+        transformers models: ``config.model_type`` (what ``tessera-compile`` names their plans).
+        """
+        model_type = getattr(getattr(model, "config", None), "model_type", None)
+        return model_type if isinstance(model_type, str) and model_type else None
+
+    @classmethod
+    def describe_layer(cls, model: nn.Module, index: int, block: nn.Module) -> tuple[str | None, str]:
+        """(mixer kind, feed-forward) of decoder layer ``index`` in a plan's words (``runtime.model_check``).
+
+        The mixer kind is a plan task's op (``attention``, ``linear_attention``, ...) or None where
+        the family cannot tell; the feed-forward is ``moe``, ``moe+shared`` or ``dense``. By default
+        every layer is a routed MoE, with a shared expert where ``decoder_parts`` finds one.
+        """
+        parts = cls.decoder_parts(model, index, block)
+        return None, ("moe+shared" if parts.shared_expert is not None else "moe")
+
+    @classmethod
     def shard_experts(cls, model: nn.Module, ep_rank: int, ep: int) -> None:
         """Keep only EP rank ``ep_rank``'s experts in every MoE block, as new parameters (in place)."""
         parts = cls.locate(model)

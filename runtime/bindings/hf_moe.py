@@ -131,10 +131,13 @@ class HFSparseMoeBinding(ModelBinding):
     @classmethod
     def describe_layer(cls, model: nn.Module, index: int, block: nn.Module) -> tuple[str | None, str]:
         """(mixer kind, feed-forward) of decoder layer ``index`` in a plan's words: ``dense``, ``moe`` or ``moe+shared``."""
+        kind = cls.mixer_kind_of(block)
+        if kind == "attention" and cls.sliding_layer(model, index):
+            kind = "sliding_attention"  # as the mixer forward runs it: the sliding-window causal mask
         if cls.dense_parts(model, index, block) is not None:
-            return cls.mixer_kind_of(block), "dense"
+            return kind, "dense"
         parts = cls.decoder_parts(model, index, block)
-        return cls.mixer_kind_of(block), ("moe+shared" if parts.shared_expert is not None else "moe")
+        return kind, ("moe+shared" if parts.shared_expert is not None else "moe")
 
     @classmethod
     def mixer_of(cls, block: nn.Module, where: str) -> nn.Module:
@@ -170,12 +173,13 @@ class HFSparseMoeBinding(ModelBinding):
 
     # ------------------------------------------------------------ forwards
 
-    def _sliding(self, index: int) -> bool:
+    @classmethod
+    def sliding_layer(cls, model: nn.Module, index: int) -> bool:
         """Whether the model's forward gives decoder layer ``index`` the sliding-window causal mask (``mask_rule``)."""
-        config: Any = self.model.config
-        if self.mask_rule == "causal":
+        config: Any = model.config
+        if cls.mask_rule == "causal":
             return False
-        if self.mask_rule == "layer_types":
+        if cls.mask_rule == "layer_types":
             return list(config.layer_types)[index] == "sliding_attention"
         return getattr(config, "sliding_window", None) is not None
 
@@ -186,7 +190,7 @@ class HFSparseMoeBinding(ModelBinding):
         config: Any = self.model.config
         inner: Any = self.model.model
         position_ids = torch.arange(x.shape[1], device=x.device).unsqueeze(0)
-        mask_function = create_sliding_window_causal_mask if self._sliding(index) else create_causal_mask
+        mask_function = create_sliding_window_causal_mask if self.sliding_layer(self.model, index) else create_causal_mask
         mask = mask_function(config=config, inputs_embeds=x, attention_mask=None, cache=None, position_ids=position_ids)
         return position_ids, inner.rotary_emb(x, position_ids=position_ids), mask
 

@@ -69,6 +69,16 @@ class TinyMoEBinding(ModelBinding):
         parts.expert_weights()
         return parts
 
+    @classmethod
+    def model_name(cls, model: nn.Module) -> str | None:
+        return None  # the tiny example's plans are named by whoever compiles them
+
+    @classmethod
+    def describe_layer(cls, model: nn.Module, index: int, block: nn.Module) -> tuple[str | None, str]:
+        _, ffn = super().describe_layer(model, index, block)
+        mixer = {"full_attention": "attention", "linear_attention": "linear_attention"}.get(getattr(block, "layer_type", None) or "")
+        return mixer, ffn
+
     def gate_fn(self, layer: str) -> TaskFn:
         gate = self.decoder(layer).router
         top_k, hidden = self.top_k, self.hidden

@@ -54,7 +54,7 @@ def test_one_rank_trains_bitwise_like_the_reference(world_of_one, one_rank_plan)
     ref = LocalReference(build_model, ep=1, microbatches=MBS, optimizer=adamw)
     for step in range(2):
         ids, labels = batch(step)
-        result = session.step(ids[0], labels[0])
+        result = session.step(ids[0], labels[0], labels_shifted=True)
         expected = ref.step(ids, labels)
         assert torch.equal(torch.stack(result.loss_tensors[0]), torch.stack(expected[0]))
         ref_grads = dict(ref.replicas[0].named_parameters())
@@ -84,7 +84,7 @@ def test_a_program_that_breaks_a_dependency_is_an_error_naming_it(world_of_one, 
     session = TrainingSession.start(encode(replace(one_rank_plan, programs={0: code})), build_model(), health=False)
     ids, labels = batch(0)
     with pytest.raises(ExecutionError, match=r"l0.mixer.dgrad for micro-batch 0 runs before its forward"):
-        session.step(ids[0], labels[0])
+        session.step(ids[0], labels[0], labels_shifted=True)
 
 
 def test_a_wgrad_before_its_dgrad_is_an_error(world_of_one, one_rank_plan):
@@ -93,7 +93,7 @@ def test_a_wgrad_before_its_dgrad_is_an_error(world_of_one, one_rank_plan):
     session = TrainingSession.start(encode(replace(one_rank_plan, programs={0: code})), build_model(), health=False)
     ids, labels = batch(0)
     with pytest.raises(ExecutionError, match=r"l0.router.wgrad for micro-batch 0 runs before l0.router.dgrad"):
-        session.step(ids[0], labels[0])
+        session.step(ids[0], labels[0], labels_shifted=True)
 
 
 def test_plans_for_other_settings_or_another_model_are_refused_naming_the_mismatch(one_rank_plan):
