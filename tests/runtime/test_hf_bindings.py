@@ -355,7 +355,7 @@ def test_one_rank_trains_dense_and_sparse_layers_like_the_reference(tmp_path, de
         want = transformers_losses(config, steps, 1, microbatches, seq_len)
         for step in range(steps):
             ids = make_batch(step, 1, microbatches, seq_len)
-            got = torch.stack(session.step(ids[0, ..., :-1], ids[0, ..., 1:]).loss_tensors[0])
+            got = torch.stack(session.step(ids[0, ..., :-1], ids[0, ..., 1:], labels_shifted=True).loss_tensors[0])
             expected = torch.stack(ref.step(ids[..., :-1], ids[..., 1:])[0])
             assert torch.equal(got, expected), f"step {step}: {got} != reference {expected}"
             assert abs(float(got.mean()) - want[step]) <= 1e-5 * abs(want[step])
