@@ -92,6 +92,10 @@ def die_with_parent(parent: int) -> None:
     parent ends; called first thing in every helper process (see the module docstring)."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # A parent that holds SIGTERM (a trainer after runtime.health.hold_termination_signals) passes
+    # the blocked mask on through fork: its helpers must still end when it terminates them
+    # (multiprocessing.Pool's terminate sends SIGTERM and joins; a blocked one would wait for ever).
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     if not _kernel_ends_orphans():
         _watch_parent(parent)
     if os.getppid() != parent:  # the parent ended before the kernel was asked

@@ -11,10 +11,12 @@ losses [shard][micro-batch] to ``DIR/losses<step>.pt``. The tests compare them
 with plain transformers training and with ``runtime.local_reference``.
 """
 
-# SIGTERM is blocked before torch starts any thread (runtime.health explains why).
+# As a torchrun worker, SIGTERM is blocked before torch starts any thread (runtime.health explains
+# why); imported by the tests, the test process's signals are left alone.
 import signal  # noqa: I001
 
-signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+if __name__ == "__main__":
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 
 import argparse  # noqa: E402
 import os  # noqa: E402

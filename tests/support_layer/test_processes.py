@@ -168,3 +168,21 @@ def test_a_helper_keeps_running_while_its_parent_does() -> None:
     pid, read_end = fork_child(parent_after_a_while)
     data = child_answer(pid, read_end)
     assert data is not None and pickle.loads(data) == os.getpid()
+
+
+def test_a_pool_of_helpers_ends_when_a_parent_holding_sigterm_terminates_it() -> None:
+    # A trainer holds SIGTERM (runtime.health.hold_termination_signals) and its mask passes through
+    # fork; Pool.terminate ends the workers with SIGTERM and joins them, so a helper that kept the
+    # mask blocked would be waited for for ever.
+    script = (
+        "import multiprocessing, os, signal\n"
+        "from support.processes import die_with_parent\n"
+        "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n"
+        "with multiprocessing.get_context('fork').Pool(2, die_with_parent, (os.getpid(),)) as pool:\n"
+        "    assert pool.map(abs, [-1, -2, -3]) == [1, 2, 3]\n"
+        "    blocked = pool.apply(signal.pthread_sigmask, (signal.SIG_BLOCK, []))\n"
+        "print('sigterm blocked in a helper:', signal.SIGTERM in blocked)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "sigterm blocked in a helper: False" in done.stdout
