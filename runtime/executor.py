@@ -54,6 +54,10 @@ from runtime.layout import RankGrid, StageLayout
 from runtime.reference import ActionKind, load_imbalance
 
 _TRACE = bool(os.environ.get("TESSERA_TRACE"))
+_POLL_INTERVAL_NS = 50_000
+"""Completions are polled before an FSM step at most this often: the issues of a burst of transfers take
+a few microseconds each, too little for an earlier transfer to finish in between, and each poll costs an
+``is_completed()`` per operation in flight. A wait on an operation that already finished returns at once."""
 
 
 class ExecutionError(RuntimeError):
@@ -359,6 +363,7 @@ class StageExecutor:
         self.grads.begin_iteration()
         self._begin_ns = time.perf_counter_ns()
         self._begin_cpu_ns = time.thread_time_ns()
+        self._polled_ns = 0
 
     def end_iteration(self, counters: dict[str, float] | None = None) -> IterationResult:
         """Finish an iteration: every transfer done, every weight gradient run and reduced, or an error."""
@@ -404,6 +409,10 @@ class StageExecutor:
 
     def _poll(self) -> None:
         if self.inflight:
+            now = time.perf_counter_ns()
+            if now - self._polled_ns < _POLL_INTERVAL_NS:
+                return
+            self._polled_ns = now
             for action_id in [i for i, f in self.inflight.items() if f.finished()]:
                 self._retire(action_id)
 
