@@ -390,7 +390,7 @@ class GeneralSplitWarning(UserWarning):
     """A weight operation without a dedicated split took the general (slower) path; named once per operation."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class SplitOp:
     """One weight operation split by its rule: what its two halves need, and the gradient that reached it."""
 
@@ -785,7 +785,8 @@ class _LinearAnyRule(_SplitRule):
         self.plain, self.biased = _LinearRule(), _LinearBiasRule()
 
     def match(self, args: Sequence[Any], kwargs: dict[str, Any]) -> SplitOp | None:
-        return self.plain.match(args, kwargs) or self.biased.match(args, kwargs)
+        bias = args[2] if len(args) > 2 else kwargs.get("bias")
+        return (self.plain if bias is None else self.biased).match(args, kwargs)
 
 
 class _MatmulAnyRule(_SplitRule):
