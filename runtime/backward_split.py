@@ -16,8 +16,16 @@ operation that combines a parameter with an activation (``F.linear(x, w)``,
 ``x * norm_weight``, ``conv1d(x, w)``) or looks rows up in it (an embedding) is
 a *weight operation*.
 
-The common weight operations (a linear layer, a matrix product or batched GEMM
-with a weight, a norm's elementwise scale, a bias, an embedding lookup, a
+The commonest views of a parameter (``experts[e]``, ``w.t()``, ``w.transpose(a, b)``)
+are taken outside autograd on a plain alias of its storage, once per leaf and
+reused: the wgrad adds such a view's gradient straight into its slice of the
+parameter's gradient, so an expert GEMM ``x @ experts[e].t()`` costs one node
+and no weight-side graph. A view that reaches an operation without a rule is
+put back on autograd's graph first.
+
+The common weight operations (a linear layer with or without a bias, a matrix
+product or batched GEMM with a weight, a norm's elementwise scale,
+``layer_norm`` and ``rms_norm`` with a weight, a bias, an embedding lookup, a
 convolution) have dedicated rules (``_RULES``): one autograd node each
 (``_SplitNode``) whose backward computes the activation's gradient with the
 formula autograd itself uses and keeps ``(activation, grad_output)``; the
@@ -88,13 +96,39 @@ def _tensor_args(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[list[torc
 class WeightUse(torch.Tensor):
     """A parameter (or a tensor computed from parameters alone) inside one task's forward."""
 
+    # A view of a parameter taken in the forward (``experts[e]``, ``w.t()``) is computed on a plain alias of
+    # its storage, outside autograd: ``_root`` is the parameter's leaf, ``_steps`` the views from it, and the
+    # wgrad writes the view's gradient straight into the leaf's (``_scatter_view_grad``). Leaves have
+    # ``_plain`` (their storage as a plain tensor) and no ``_root``; a tensor computed from parameters by
+    # anything else is on autograd's graph and has neither.
+    _plain: torch.Tensor | None = None
+    _root: WeightUse | None = None
+    _steps: tuple[tuple[Any, ...], ...] = ()
+    _views: dict[tuple[Any, ...], WeightUse] | None = None  # the fast views taken of this tensor, reused
+
+    # ``experts[e]`` and ``w.t()`` as methods: no trip through ``__torch_function__`` for the commonest views.
+    def __getitem__(self, index: Any) -> Any:
+        if type(index) is int and self._plain is not None and getattr(_local, "stack", None) and torch.is_grad_enabled():
+            return _cached_view(self, ("select", index))
+        return super().__getitem__(index)
+
+    def t(self) -> Any:
+        if self._plain is not None and getattr(_local, "stack", None) and torch.is_grad_enabled():
+            return _cached_view(self, ("t",))
+        return super().t()
+
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None) -> Any:
-        kwargs = kwargs or {}
         stack = getattr(_local, "stack", None)
         if not stack or not torch.is_grad_enabled():
             with torch._C.DisableTorchFunctionSubclass():
-                return func(*args, **kwargs)
+                return func(*args, **(kwargs or {}))
+        view = _VIEWS.get(func)
+        if view is not None and not kwargs:
+            out = _fast_view(view, args)
+            if out is not None:
+                return out
+        kwargs = kwargs or {}
         rule = _RULES.get(func)
         if rule is not None:
             # Checked with the subclass off: every w.dim() or w.dtype would come back here otherwise.
@@ -102,9 +136,13 @@ class WeightUse(torch.Tensor):
                 match = rule.match(args, kwargs)
                 if match is not None:
                     stack[-1].ops.append(match)
-                    activation = args[0] if not isinstance(args[0], WeightUse) else args[1]
+                    func, args, kwargs, activation = match.rule.call(match, func, args, kwargs)
                     return _apply_split(_SplitNode, match, func, args, kwargs, activation, *match.weights)
         tensors, activation = _tensor_args(args, kwargs)
+        if any(isinstance(t, WeightUse) and t._root is not None for t in tensors):
+            # An operation no rule covers on a fast view: put the view on autograd's graph first.
+            args, kwargs = _tracked_args(args, kwargs)
+            tensors, activation = _tensor_args(args, kwargs)
         if not activation:
             # Parameters only: the result is still weight side (w.t(), experts[e], -a.exp(), an embedding lookup).
             with torch._C.DisableTorchFunctionSubclass():
@@ -115,6 +153,98 @@ class WeightUse(torch.Tensor):
                 return type(out)(o.as_subclass(WeightUse) if isinstance(o, torch.Tensor) else o for o in out)
             return out
         return _weight_op(stack[-1], func, args, kwargs, tensors)
+
+
+def _view_step(args: Sequence[Any], name: str) -> tuple[Any, ...] | None:
+    """The view step ``args`` describe (``("select", i)``, ``("t",)``, ``("transpose", a, b)``), or None if it is not one."""
+    if name == "select":
+        if len(args) == 2 and type(args[1]) is int:
+            return ("select", args[1])
+    elif name == "t":
+        if len(args) == 1:
+            return ("t",)
+    elif len(args) == 3 and type(args[1]) is int and type(args[2]) is int:
+        return ("transpose", args[1], args[2])
+    return None
+
+
+def _apply_step(t: torch.Tensor, step: tuple[Any, ...]) -> torch.Tensor:
+    # torch.Tensor's own methods: on a leaf, WeightUse's would make another fast view.
+    if step[0] == "select":
+        return torch.Tensor.__getitem__(t, step[1])
+    if step[0] == "t":
+        return torch.Tensor.t(t)
+    return torch.Tensor.transpose(t, step[1], step[2])
+
+
+_VIEWS: dict[Any, str] = {torch.Tensor.__getitem__: "select", torch.Tensor.t: "t", torch.Tensor.transpose: "transpose"}
+"""The views of a parameter computed outside autograd (the weight's gradient is scattered back by hand)."""
+
+
+def _fast_view(name: str, args: Sequence[Any]) -> WeightUse | None:
+    """``experts[e]``, ``w.t()``, ``w.transpose(a, b)`` of a leaf or of such a view: one cheap view, no graph node."""
+    base = args[0]
+    if not isinstance(base, WeightUse) or base._plain is None:
+        return None
+    step = _view_step(args, name)
+    if step is None:
+        return None
+    return _cached_view(base, step)
+
+
+def _cached_view(base: WeightUse, step: tuple[Any, ...]) -> WeightUse:
+    """The view ``step`` of ``base`` (a leaf or a fast view), made once and reused while the leaf lives.
+
+    It shares the parameter's storage, so in-place optimizer steps are seen; the
+    wgrad keys gradients per job, so one view object serving every micro-batch is fine.
+    """
+    views = base._views
+    if views is None:
+        views = base._views = {}
+    out = views.get(step)
+    if out is None:
+        assert base._plain is not None
+        viewed = _apply_step(base._plain, step)
+        out = viewed.as_subclass(WeightUse)  # type: ignore[assignment]
+        out._plain = viewed
+        root = base._root
+        out._root = base if root is None else root
+        out._steps = (*base._steps, step)
+        views[step] = out
+    return out
+
+
+def _tracked(view: WeightUse) -> torch.Tensor:
+    """A fast view as the same view of its leaf on autograd's graph (for an operation without a rule)."""
+    assert view._root is not None
+    with torch._C.DisableTorchFunctionSubclass():
+        t: torch.Tensor = view._root
+        for step in view._steps:
+            t = _apply_step(t, step)
+    return t.as_subclass(WeightUse)
+
+
+def _tracked_args(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def swap(value: Any) -> Any:
+        if isinstance(value, WeightUse) and value._root is not None:
+            return _tracked(value)
+        if isinstance(value, (list, tuple)):
+            return type(value)(swap(v) for v in value)
+        return value
+
+    return tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}
+
+
+def _scatter_view_grad(into: torch.Tensor, steps: Sequence[tuple[Any, ...]], grad: torch.Tensor) -> None:
+    """Adds a view's gradient to its leaf's (``into``, the leaf's shape): what autograd's view backwards compute.
+
+    ``select`` backward is zeros with the gradient in the selected slice and
+    autograd sums those; adding into one zero tensor gives the same values.
+    """
+    region = into
+    for step in steps:
+        region = _apply_step(region, step)
+    region.add_(grad)
 
 
 @dataclass
@@ -260,7 +390,7 @@ class GeneralSplitWarning(UserWarning):
     """A weight operation without a dedicated split took the general (slower) path; named once per operation."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class SplitOp:
     """One weight operation split by its rule: what its two halves need, and the gradient that reached it."""
 
@@ -294,6 +424,21 @@ class _SplitRule:
 
     def weight_grads(self, op: SplitOp, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         raise NotImplementedError
+
+    def call(self, op: SplitOp, func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[Any, Sequence[Any], dict[str, Any], Any]:
+        """What the node's forward runs, ``(func, args, kwargs)``, and the activation its dgrad reaches."""
+        return func, args, kwargs, (args[0] if not isinstance(args[0], WeightUse) else args[1])
+
+
+def _bound(args: Sequence[Any], kwargs: dict[str, Any], names: Sequence[str]) -> dict[str, Any] | None:
+    """``args`` and ``kwargs`` by parameter name (``names`` in order), or None if they do not fit."""
+    if len(args) > len(names) or not set(kwargs) <= set(names):
+        return None
+    bound = dict(zip(names, args))
+    if set(bound) & set(kwargs):
+        return None
+    bound.update(kwargs)
+    return bound
 
 
 def _activation(t: Any, like: torch.Tensor) -> bool:
@@ -375,8 +520,37 @@ class _LinearRule(_MatmulRule):
         return (g.t(),)
 
 
+class _LinearBiasRule(_LinearRule):
+    """``F.linear(x, w, b)`` with a weight and a bias: ``addmm`` (or a matmul and an add) and a bias gradient summed over rows."""
+
+    name = "linear+bias"
+
+    def match(self, args: Sequence[Any], kwargs: dict[str, Any]) -> SplitOp | None:
+        bound = _bound(args, kwargs, ("input", "weight", "bias"))
+        if bound is None or len(bound) != 3:
+            return None
+        x, w, b = bound["input"], bound["weight"], bound["bias"]
+        if not isinstance(b, WeightUse) or b.dim() != 1 or b.dtype != w.dtype or b.device != w.device:
+            return None
+        op = super().match((x, w), {})
+        if op is None:
+            return None
+        # torch folds a 2-d or contiguous 3-d input into one addmm (the bias gradient a sum over the folded
+        # rows); any other input is a matmul followed by an in-place add (a sum over all leading dimensions).
+        op.weights = (w, b)
+        op.settings = (*op.settings, x.dim() == 2 or (x.dim() == 3 and x.is_contiguous()))
+        return op
+
+    def weight_grads(self, op: SplitOp, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        (gw,) = super().weight_grads(op, grad)
+        bias = op.weights[1]
+        folded_rows = op.settings[1]
+        gb = _sum_to(_folded(grad) if folded_rows else grad, bias.shape)
+        return (gw, gb)
+
+
 class _BmmRule(_SplitRule):
-    """``torch.bmm(x, W)`` with a batch of weight matrices (the experts' batched GEMM)."""
+    """``torch.bmm(x, W)`` with a batch of weight matrices (the experts' batched GEMM); ``matmul`` of two 3-d operands with the same batch is one."""
 
     name = "bmm"
 
@@ -386,6 +560,8 @@ class _BmmRule(_SplitRule):
         x, w = args
         if not isinstance(w, WeightUse) or w.dim() != 3 or not _activation(x, w) or x.dim() != 3:
             return None
+        if x.shape[0] != w.shape[0]:
+            return None  # a broadcast batch (matmul expands it): not a plain bmm
         return SplitOp(self, x.detach(), (w,))
 
     def input_grad(self, op: SplitOp, grad: torch.Tensor) -> torch.Tensor | None:
@@ -450,6 +626,74 @@ class _AddRule(_SplitRule):
 
     def weight_grads(self, op: SplitOp, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         return (_sum_to(grad, op.weights[0].shape),)
+
+
+class _RmsNormRule(_MulRule):
+    """``F.rms_norm(x, shape, w, eps)``: torch normalises, then multiplies by the weight; the normalisation stays on
+    autograd's graph (it has no weight), the multiply is the mul rule's."""
+
+    name = "rms_norm"
+
+    def match(self, args: Sequence[Any], kwargs: dict[str, Any]) -> SplitOp | None:
+        bound = _bound(args, kwargs, ("input", "normalized_shape", "weight", "eps"))
+        if bound is None or "normalized_shape" not in bound:
+            return None
+        x, w = bound.get("input"), bound.get("weight")
+        if not isinstance(w, WeightUse) or not isinstance(x, torch.Tensor) or not _activation(x, w) or x.dtype not in (torch.float32, torch.float64):
+            return None  # a narrower dtype is upcast around the weight's multiply
+        with torch.enable_grad():
+            normed = torch.rms_norm(x, bound["normalized_shape"], None, bound.get("eps"))
+        return SplitOp(self, normed.detach(), (w,), (normed,))
+
+    def call(self, op: SplitOp, func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[Any, Sequence[Any], dict[str, Any], Any]:
+        normed = op.settings[0]
+        op.settings = ()
+        return torch.mul, (normed, op.weights[0]), {}, normed
+
+
+class _LayerNormRule(_SplitRule):
+    """``F.layer_norm(x, shape, w, b, eps)`` with a weight (and a bias or none): ``native_layer_norm_backward``, one half at a time."""
+
+    name = "layer_norm"
+
+    def match(self, args: Sequence[Any], kwargs: dict[str, Any]) -> SplitOp | None:
+        bound = _bound(args, kwargs, ("input", "normalized_shape", "weight", "bias", "eps", "cudnn_enable"))
+        if bound is None or "normalized_shape" not in bound:
+            return None
+        x, w, b = bound.get("input"), bound.get("weight"), bound.get("bias")
+        if not isinstance(w, WeightUse) or not isinstance(x, torch.Tensor) or not _activation(x, w) or not (b is None or isinstance(b, WeightUse)):
+            return None
+        shape = [int(n) for n in bound["normalized_shape"]] if isinstance(bound["normalized_shape"], (list, tuple, torch.Size)) else [int(bound["normalized_shape"])]
+        eps = float(bound.get("eps", 1e-5))
+        return SplitOp(self, x.detach(), (w,) if b is None else (w, b), (shape, eps))
+
+    def call(self, op: SplitOp, func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[Any, Sequence[Any], dict[str, Any], Any]:
+        shape, eps = op.settings
+        weight, bias = op.weights[0], (op.weights[1] if len(op.weights) > 1 else None)
+
+        def layer_norm(x: torch.Tensor, *weights: torch.Tensor) -> torch.Tensor:
+            # What F.layer_norm runs, keeping the statistics its backward needs.
+            out, mean, rstd = torch.ops.aten.native_layer_norm(x, shape, weight, bias, eps)
+            op.settings = (shape, mean, rstd)
+            return out
+
+        x = args[0] if "input" not in kwargs else kwargs["input"]
+        return layer_norm, (x, *op.weights), {}, x
+
+    def _backward(self, op: SplitOp, grad: torch.Tensor, mask: list[bool]) -> tuple[torch.Tensor, ...]:
+        shape, mean, rstd = op.settings
+        weight, bias = op.weights[0], (op.weights[1] if len(op.weights) > 1 else None)
+        result: tuple[torch.Tensor, ...] = torch.ops.aten.native_layer_norm_backward(
+            grad, op.x, shape, mean, rstd, weight, bias, mask
+        )
+        return result
+
+    def input_grad(self, op: SplitOp, grad: torch.Tensor) -> torch.Tensor | None:
+        return self._backward(op, grad, [True, False, False])[0]
+
+    def weight_grads(self, op: SplitOp, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        _, gw, gb = self._backward(op, grad, [False, True, len(op.weights) > 1])
+        return (gw,) if len(op.weights) == 1 else (gw, gb)
 
 
 class _EmbeddingRule(_SplitRule):
@@ -532,11 +776,39 @@ class _ConvRule(_SplitRule):
         return (self._backward(op, grad, [False, True, False])[1],)
 
 
-_MATMUL, _MUL, _ADD = _MatmulRule(), _MulRule(), _AddRule()
+class _LinearAnyRule(_SplitRule):
+    """``F.linear`` with or without a bias: the one rule or the other."""
+
+    name = "linear"
+
+    def __init__(self) -> None:
+        self.plain, self.biased = _LinearRule(), _LinearBiasRule()
+
+    def match(self, args: Sequence[Any], kwargs: dict[str, Any]) -> SplitOp | None:
+        bias = args[2] if len(args) > 2 else kwargs.get("bias")
+        return (self.plain if bias is None else self.biased).match(args, kwargs)
+
+
+class _MatmulAnyRule(_SplitRule):
+    """``x @ W``: a weight matrix (one ``mm`` over the folded rows) or a batch of them (``bmm``)."""
+
+    name = "matmul"
+
+    def __init__(self) -> None:
+        self.matrix, self.batched = _MatmulRule(), _BmmRule()
+
+    def match(self, args: Sequence[Any], kwargs: dict[str, Any]) -> SplitOp | None:
+        return self.matrix.match(args, kwargs) or self.batched.match(args, kwargs)
+
+
+_MATMUL, _MUL, _ADD, _BMM = _MatmulAnyRule(), _MulRule(), _AddRule(), _BmmRule()
+_LAYER_NORM, _RMS_NORM = _LayerNormRule(), _RmsNormRule()
 _RULES: dict[Any, _SplitRule] = {
-    torch._C._nn.linear: _LinearRule(),
+    torch._C._nn.linear: _LinearAnyRule(),
     torch.matmul: _MATMUL, torch.Tensor.matmul: _MATMUL, torch.Tensor.__matmul__: _MATMUL,
-    torch.bmm: _BmmRule(), torch.Tensor.bmm: _BmmRule(),
+    torch.bmm: _BMM, torch.Tensor.bmm: _BMM,
+    torch.nn.functional.layer_norm: _LAYER_NORM, torch.layer_norm: _LAYER_NORM,
+    torch.nn.functional.rms_norm: _RMS_NORM, torch.rms_norm: _RMS_NORM,
     torch.mul: _MUL, torch.Tensor.mul: _MUL, torch.Tensor.__mul__: _MUL,
     torch.add: _ADD, torch.Tensor.add: _ADD, torch.Tensor.__add__: _ADD,
     torch.nn.functional.embedding: _EmbeddingRule(),
@@ -610,6 +882,7 @@ class _WeightLeaves:
         entry = self._leaves.get(id(param))
         if entry is None or entry[0] is not param:
             leaf = torch.Tensor._make_subclass(WeightUse, param.detach(), True)
+            leaf._plain = param.detach()
             entry = (param, leaf)
             self._leaves[id(param)] = entry
         return entry[1]
@@ -730,14 +1003,25 @@ class WeightGradJob:
         leaf_ids = {id(leaf): i for i, leaf in enumerate(graph.leaves)}
         result: list[torch.Tensor | None] = [None] * len(graph.leaves)
         derived_args, derived_grads = [], []
+        scattered: dict[int, torch.Tensor] = {}
         for key, (arg, g) in per_arg.items():
             if key in leaf_ids:
                 result[leaf_ids[key]] = g
+            elif isinstance(arg, WeightUse) and arg._root is not None:
+                index = leaf_ids[id(arg._root)]
+                into = scattered.get(index)
+                if into is None:
+                    into = scattered[index] = torch.zeros_like(graph.leaves[index].as_subclass(torch.Tensor),
+                                                               memory_format=torch.contiguous_format)
+                _scatter_view_grad(into, arg._steps, g)
             else:
                 derived_args.append(arg)
                 derived_grads.append(g)
+        for index, g in scattered.items():
+            previous = result[index]
+            result[index] = g if previous is None else previous + g
         if derived_args:
-            # Back from w.t(), experts[e], ... to the parameter leaves: no activation is involved.
+            # Back from w.exp(), ... to the parameter leaves: no activation is involved.
             back = _small_grad(derived_args, graph.leaves, derived_grads, False)
             for i, g in enumerate(back):
                 if g is not None:

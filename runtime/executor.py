@@ -38,6 +38,7 @@ never broken, whatever the program's order.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -54,6 +55,10 @@ from runtime.layout import RankGrid, StageLayout
 from runtime.reference import ActionKind, load_imbalance
 
 _TRACE = bool(os.environ.get("TESSERA_TRACE"))
+_POLL_INTERVAL_NS = 50_000
+"""Completions are polled before an FSM step at most this often: the issues of a burst of transfers take
+a few microseconds each, too little for an earlier transfer to finish in between, and each poll costs an
+``is_completed()`` per operation in flight. A wait on an operation that already finished returns at once."""
 
 
 class ExecutionError(RuntimeError):
@@ -69,17 +74,29 @@ def _wait_work(work: Any, what: str) -> None:
         work.wait()
 
 
+_comm_cpu = threading.local()
+
+
+def _comm_cpu_ns() -> int:
+    """This thread's CPU time inside transfer and collective calls so far (issue and wait: gloo's own work)."""
+    return int(getattr(_comm_cpu, "ns", 0))
+
+
 @contextmanager
 def _communication(what: str) -> Iterator[None]:
     """Starting or finishing a transfer: a transport error becomes a CommunicationError.
 
     A peer that died shows first as a broken connection, when an operation is
-    issued as often as when it is waited for.
+    issued as often as when it is waited for. The call's CPU time is counted
+    as communication (``cpu_ns["comm"]``), not as the runtime's own.
     """
+    start = time.thread_time_ns()
     try:
         yield
     except RuntimeError as err:
         raise CommunicationError(f"{what} failed: {err}") from err
+    finally:
+        _comm_cpu.ns = _comm_cpu_ns() + time.thread_time_ns() - start
 
 
 @dataclass
@@ -369,6 +386,8 @@ class StageExecutor:
         self.grads.begin_iteration()
         self._begin_ns = time.perf_counter_ns()
         self._begin_cpu_ns = time.thread_time_ns()
+        self._begin_comm_ns = _comm_cpu_ns()
+        self._polled_ns = 0
 
     def end_iteration(self, counters: dict[str, float] | None = None) -> IterationResult:
         """Finish an iteration: every transfer done, every weight gradient run and reduced, or an error."""
@@ -378,7 +397,8 @@ class StageExecutor:
         self._finish_checks()
         cpu = dict(self.stats.cpu_ns)
         cpu["total"] = time.thread_time_ns() - self._begin_cpu_ns
-        cpu["other"] = max(0, cpu["total"] - cpu["fwd"] - cpu["dgrad"] - cpu["wgrad"])
+        cpu["comm"] = _comm_cpu_ns() - self._begin_comm_ns
+        cpu["other"] = max(0, cpu["total"] - cpu["fwd"] - cpu["dgrad"] - cpu["wgrad"] - cpu["comm"])
         counters = dict(counters or {})
         s = self.stats
         counters.update({
@@ -414,6 +434,10 @@ class StageExecutor:
 
     def _poll(self) -> None:
         if self.inflight:
+            now = time.perf_counter_ns()
+            if now - self._polled_ns < _POLL_INTERVAL_NS:
+                return
+            self._polled_ns = now
             for action_id in [i for i, f in self.inflight.items() if f.finished()]:
                 self._retire(action_id)
 
@@ -466,7 +490,7 @@ class StageExecutor:
         op, phase = task_op(task.kind)
         layer, mb = task.layer, int(mb)
         blocked_before = self.stats.blocked_ns
-        start, start_cpu = time.perf_counter_ns(), time.thread_time_ns()
+        start, start_cpu, start_comm = time.perf_counter_ns(), time.thread_time_ns(), _comm_cpu_ns()
         if phase == "fwd":
             self._forward(layer, op, mb)
         elif phase == "dgrad":
@@ -474,13 +498,18 @@ class StageExecutor:
         else:
             self._wgrad(layer, op, mb, filled, fallback)
         end = time.perf_counter_ns()
-        self.stats.cpu_ns[phase] += time.thread_time_ns() - start_cpu
+        self._task_cpu(phase, start_cpu, start_comm)
         blocked = self.stats.blocked_ns - blocked_before  # a transfer the task had to wait for (implicit wait)
         self.stats.compute_ns += end - start - blocked
         self.records.append(ActionRecord(
             "run", int(action_id), int(task_index), mb, self.layout.stage_of(layer), start, end, blocked, filled, fallback
         ))
         self._complete(action_id)
+
+    def _task_cpu(self, phase: str, start_cpu: int, start_comm: int) -> None:
+        """A task's CPU time goes to its phase, less what it spent inside transfer calls (an implicit
+        wait, the count exchange a router's forward starts): that is communication, counted once."""
+        self.stats.cpu_ns[phase] += time.thread_time_ns() - start_cpu - (_comm_cpu_ns() - start_comm)
 
     def _graph(self, layer: str, op: str, mb: int, fn: Callable[..., tuple[torch.Tensor, ...]], inputs: Sequence[torch.Tensor | None], extra: Sequence[Any] = ()) -> TaskGraph:
         key = (layer, op, mb)
@@ -772,8 +801,9 @@ class StageExecutor:
         elif (op, phase) == ("combine", "dgrad"):
             # The layer output's backward (assemble) is compute, the first the combine's backward needs.
             start, start_cpu, blocked_before = time.perf_counter_ns(), time.thread_time_ns(), self.stats.blocked_ns
+            start_comm = _comm_cpu_ns()
             self._assembled_grads(layer, mb, name)
-            self.stats.cpu_ns["dgrad"] += time.thread_time_ns() - start_cpu
+            self._task_cpu("dgrad", start_cpu, start_comm)
             self.stats.compute_ns += time.perf_counter_ns() - start - (self.stats.blocked_ns - blocked_before)
             tensor, splits, target = self._grad(layer, "returned", mb, name), (send, recv), (layer, "expert_out", mb)
         elif (op, phase) == ("dispatch", "dgrad"):

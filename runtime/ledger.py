@@ -219,8 +219,8 @@ class PredictionLedger:
     def _split_rows(self, iteration: int, result: Any, hardware: str) -> list[dict[str, Any]]:
         """What the backward split cost this iteration: the training thread's CPU per phase, and how ops were split.
 
-        ``cpu_us``: forward, dgrad and wgrad tasks and the rest (the runtime with its
-        transfers), summed over the iteration; ``dedicated_ops``/``general_ops``:
+        ``cpu_us``: forward, dgrad and wgrad tasks, the transfer and collective calls
+        (``comm``: issue and wait) and the rest (the runtime's own), summed over the iteration; ``dedicated_ops``/``general_ops``:
         weight operations split by a dedicated rule or by the general path
         (``runtime.backward_split``). No prediction: the plan costs tasks, not phases.
         """
@@ -231,7 +231,7 @@ class PredictionLedger:
         return [{
             "format": FORMAT, "kind": "split", "name": "backward split", "iteration": iteration, "rank": self.rank,
             "hardware": hardware, "settings": self.settings,
-            "cpu_us": {phase: cpu[phase] / 1e3 for phase in ("fwd", "dgrad", "wgrad", "other", "total") if phase in cpu},
+            "cpu_us": {phase: cpu[phase] / 1e3 for phase in ("fwd", "dgrad", "wgrad", "comm", "other", "total") if phase in cpu},
             "dedicated_ops": int(counters.get("split_dedicated_ops", 0)),
             "general_ops": int(counters.get("split_general_ops", 0)),
             "wgrad_tasks": int(counters.get("wgrad_run", 0)),

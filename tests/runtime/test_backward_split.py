@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import warnings
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -166,6 +168,18 @@ DEDICATED = {
     "add, same shape": (lambda x, w: w + x, (5, 8), [(5, 8)], (5, 8)),
     "conv1d depthwise": (lambda x, w: F.conv1d(x, w, padding=3, groups=6), (2, 6, 9), [(6, 1, 4)], (2, 6, 12)),
     "conv2d": (lambda x, w: F.conv2d(x, w, None, 1, (1, 0)), (2, 3, 5, 5), [(4, 3, 3, 3)], (2, 4, 5, 3)),
+    "linear with bias 2-d": (lambda x, w, b: F.linear(x, w, b), (5, 8), [(6, 8), (6,)], (5, 6)),
+    "linear with bias 3-d": (lambda x, w, b: F.linear(x, w, bias=b), (2, 5, 8), [(6, 8), (6,)], (2, 5, 6)),
+    "linear with bias, x not contiguous": (lambda x, w, b: F.linear(x.transpose(0, 1), w, b), (5, 2, 8), [(6, 8), (6,)], (2, 5, 6)),
+    "linear with bias 4-d": (lambda x, w, b: F.linear(x, w, b), (2, 2, 3, 8), [(6, 8), (6,)], (2, 2, 3, 6)),
+    "linear, transposed weight view": (lambda x, w: F.linear(x, w.transpose(0, 1)), (5, 8), [(8, 6)], (5, 6)),
+    "matmul, batched weight": (lambda x, w: torch.matmul(x, w), (3, 5, 8), [(3, 8, 6)], (3, 5, 6)),
+    "matmul, batched expert view": (lambda x, w: x @ w.transpose(1, 2), (3, 5, 8), [(3, 6, 8)], (3, 5, 6)),
+    "layer_norm": (lambda x, w, b: F.layer_norm(x, (8,), w, b), (2, 5, 8), [(8,), (8,)], (2, 5, 8)),
+    "layer_norm, no bias": (lambda x, w: F.layer_norm(x, (8,), w, eps=1e-6), (2, 5, 8), [(8,)], (2, 5, 8)),
+    "layer_norm, two dimensions": (lambda x, w, b: F.layer_norm(x, (5, 8), w, b), (2, 5, 8), [(5, 8), (5, 8)], (2, 5, 8)),
+    "rms_norm": (lambda x, w: F.rms_norm(x, (8,), w, 1e-6), (2, 5, 8), [(8,)], (2, 5, 8)),
+    "rms_norm, no eps": (lambda x, w: F.rms_norm(x, [8], weight=w), (2, 5, 8), [(8,)], (2, 5, 8)),
 }
 
 
@@ -181,6 +195,52 @@ def test_each_dedicated_split_matches_plain_backward_bitwise(case):
     assert torch.equal(bits(got_in[0]), bits(ref_in[0]))
     for a, b in zip(got_w, ref_w):
         assert torch.equal(bits(a), bits(b))
+
+
+def test_expert_views_scatter_their_gradients_into_the_one_weight():
+    """``w[e].t()`` per expert is a view off autograd's graph; each expert's gradient lands in its slice."""
+    torch.manual_seed(5)
+    holder = nn.Module()
+    holder.gate_up = nn.Parameter(torch.randn(4, 6, 8))
+    holder.down = nn.Parameter(torch.randn(4, 8, 3))
+    slots = (ParamSlot("gate_up", holder, "gate_up"), ParamSlot("down", holder, "down"))
+    per_expert = (3, 0, 5, 2)  # expert 1 gets no token: a zero gradient, as autograd gives
+
+    def fn(x):
+        outputs, start = [], 0
+        for e, count in enumerate(per_expert):
+            chunk = x[start : start + count]
+            gate, up = (chunk @ holder.gate_up[e].t()).chunk(2, dim=-1)
+            outputs.append((F.silu(gate) * up) @ holder.down[e].transpose(0, 1).t().t())
+            start += count
+        return (torch.cat(outputs, dim=0),)
+
+    x, grad = torch.randn(10, 8), torch.randn(10, 8)
+    graph = ForwardRunner().run("experts", fn, [x], slots)
+    assert graph.general_ops == () and len(graph.ops) == 8
+    assert all(not w.requires_grad for op in graph.ops for w in op.weight_args)  # no graph node per view
+    check_same(fn, [x], slots, [grad])
+
+
+def test_a_view_used_by_an_operation_without_a_rule_goes_back_on_autograds_graph():
+    torch.manual_seed(6)
+    holder = nn.Module()
+    holder.w = nn.Parameter(torch.randn(3, 8))
+    slots = (ParamSlot("w", holder, "w"),)
+
+    def fn(x):
+        scaled = holder.w[1].exp()  # a weight-only operation on a fast view
+        return (x * scaled + x @ holder.w.t()[:, 2:3],)
+
+    with _no_warning():
+        check_same(fn, [torch.randn(5, 8)], slots, [torch.randn(5, 8)])
+
+
+@contextmanager
+def _no_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GeneralSplitWarning)
+        yield
 
 
 def test_embedding_split_matches_plain_backward_with_a_padding_index():
@@ -203,16 +263,16 @@ def test_embedding_split_matches_plain_backward_with_a_padding_index():
 
 def test_an_operation_without_a_dedicated_split_takes_the_general_path_and_says_so():
     torch.manual_seed(0)
-    lin = nn.Linear(8, 8)  # with a bias: F.linear(x, w, b) has no dedicated split
-    slots = (ParamSlot("lin.weight", lin, "weight"), ParamSlot("lin.bias", lin, "bias"))
+    act = nn.PReLU(8)  # F.prelu(x, w) has no dedicated split
+    slots = (ParamSlot("act.weight", act, "weight"),)
 
     def fn(x):
-        return (lin(x),)
+        return (act(x),)
 
-    backward_split._warned.discard("linear")
-    with pytest.warns(GeneralSplitWarning, match="'linear' with a parameter has no dedicated backward split"):
-        graph = ForwardRunner().run("biased", fn, [torch.randn(3, 8)], slots)
-    assert graph.general_ops == ("linear",)
+    backward_split._warned.discard("_VariableFunctionsClass.prelu")
+    with pytest.warns(GeneralSplitWarning, match="prelu' with a parameter has no dedicated backward split"):
+        graph = ForwardRunner().run("prelu", fn, [torch.randn(3, 8)], slots)
+    assert graph.general_ops == ("_VariableFunctionsClass.prelu",)
     check_same(fn, [torch.randn(3, 8)], slots, [torch.randn(3, 8)])
 
 
