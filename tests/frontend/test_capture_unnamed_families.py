@@ -92,7 +92,7 @@ def test_a_bare_language_model_holds_the_head_it_is_planned_with() -> None:
                                   moe_intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
                                   num_experts=8, num_experts_per_tok=2, vocab_size=1000, tie_word_embeddings=False)
     with torch.device("meta"):
-        bare, causal = Qwen3MoeModel(config), Qwen3MoeForCausalLM(config)
+        bare, causal = Qwen3MoeModel(config), Qwen3MoeForCausalLM(config)  # type: ignore[arg-type]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", CaptureWarning)
         planned = capture(bare, overrides={"seq_len": 64, "tp": 1})

@@ -54,12 +54,12 @@ pytest.importorskip("transformers")
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "tests" / "hf_training.py"
-CASES = [("qwen3_moe", {"norm_topk_prob": False}), ("qwen3_moe", {"norm_topk_prob": True}), ("mixtral", {}), ("qwen3_next", {}),
+CASES: list[tuple[str, dict[str, object]]] = [("qwen3_moe", {"norm_topk_prob": False}), ("qwen3_moe", {"norm_topk_prob": True}), ("mixtral", {}), ("qwen3_next", {}),
          ("deepseek_v3", {}), ("qwen2_moe", {}), ("olmoe", {}), ("glm4_moe", {}), ("minimax_m2", {}), ("ernie4_5_moe", {})]
 IDS = ["qwen3_moe-unnormalised", "qwen3_moe-normalised", "mixtral", "qwen3_next", "deepseek_v3", "qwen2_moe", "olmoe", "glm4_moe",
        "minimax_m2", "ernie4_5_moe"]
 # Families whose dense MLP layers are set by config options (DeepSeek-V3, GLM-4-MoE and ERNIE have theirs in CASES).
-DENSE_VARIANTS = [("qwen3_moe", {"mlp_only_layers": [1]}), ("qwen3_moe", {"decoder_sparse_step": 2}),
+DENSE_VARIANTS: list[tuple[str, dict[str, object]]] = [("qwen3_moe", {"mlp_only_layers": [1]}), ("qwen3_moe", {"decoder_sparse_step": 2}),
                   ("qwen3_next", {"mlp_only_layers": [0, 3]}), ("qwen2_moe", {"mlp_only_layers": [2]})]
 DENSE_IDS = [f"{t}-dense-{'-'.join(f'{k}{v}' for k, v in s.items())}" for t, s in DENSE_VARIANTS]
 
@@ -269,7 +269,7 @@ def decoder_layer_through_tasks(b: ModelBinding, layer: str, x: torch.Tensor) ->
     return b.assemble_fn()(h, expert_out, weights, *shared, order)[0]
 
 
-def models_decoder_layer(model: nn.Module, i: int, x: torch.Tensor) -> torch.Tensor:
+def models_decoder_layer(model: Any, i: int, x: torch.Tensor) -> torch.Tensor:
     """The model's own decoder layer ``i`` on ``x``, called as its decoder stack calls it for a full causal sequence."""
     from transformers.masking_utils import create_causal_mask
 
@@ -382,7 +382,7 @@ FAMILIES = {
 }
 
 
-@pytest.mark.parametrize(("model_type", "settings"), [(t, {}) for t in sorted(FAMILIES)] + DENSE_VARIANTS,
+@pytest.mark.parametrize(("model_type", "settings"), [(t, dict[str, object]()) for t in sorted(FAMILIES)] + DENSE_VARIANTS,
                          ids=sorted(FAMILIES) + DENSE_IDS)
 def test_every_decoder_layer_through_the_tasks_is_the_models_own(model_type, settings):
     """Each family's binding picks its model and computes each decoder layer (dense or sparse) as the model does."""
