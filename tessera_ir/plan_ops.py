@@ -613,13 +613,14 @@ class PairScheduleOp(DeclaredOp):
 
 @dataclass(frozen=True)
 class ScheduleEntry:
-    """An entry of a ``pair_schedule``: its task's start and duration (µs), stream and position on it."""
+    """An entry of a ``pair_schedule``: its task's start and duration (µs), stream and position on it
+    (the schedule check reads the same entries, built from a schedule, without a position)."""
 
     task: str
     start: float
     duration: float
     stream: str
-    order: int | None
+    order: int | None = None
 
 
 def schedule_entry(entry: PlanEntry) -> ScheduleEntry:
@@ -638,12 +639,8 @@ class PartitionOp(DeclaredOp):
         return self._refs("stages") or []
 
 
-class DboSlotOp(DeclaredOp):
-    DEF = DBO_SLOT
-
-    @property
-    def kind(self) -> str:
-        return self._str("kind") or ""
+class _ProgramLayersOp(DeclaredOp):
+    """A DBO op named by its program's forward and backward layers."""
 
     @property
     def fwd(self) -> tuple[str, ...]:
@@ -652,6 +649,14 @@ class DboSlotOp(DeclaredOp):
     @property
     def bwd(self) -> tuple[str, ...]:
         return tuple(self._refs("bwd") or ())
+
+
+class DboSlotOp(_ProgramLayersOp):
+    DEF = DBO_SLOT
+
+    @property
+    def kind(self) -> str:
+        return self._str("kind") or ""
 
     @property
     def device(self) -> int | None:
@@ -700,16 +705,8 @@ def pool_memory_bytes(entry: PlanEntry) -> int:
     return value if type(value) is int else 0
 
 
-class DboPoolOp(DeclaredOp):
+class DboPoolOp(_ProgramLayersOp):
     DEF = DBO_POOL
-
-    @property
-    def fwd(self) -> tuple[str, ...]:
-        return tuple(self._refs("fwd") or ())
-
-    @property
-    def bwd(self) -> tuple[str, ...]:
-        return tuple(self._refs("bwd") or ())
 
 
 class PipelineOp(DeclaredOp):

@@ -74,6 +74,7 @@ from passes.scheduling.pair_dag import PairDAG
 from passes.scheduling.schedule import RESOURCES, PairSchedule
 from support.extensions import load_extension
 from tessera_ir.errors import TesseraError
+from tessera_ir.plan_ops import ScheduleEntry  # one entry type for the IR's schedules and the check
 from tessera_ir.schedule_rules import schedule_tolerance, violations
 
 TOLERANCE_US = Fraction(1, 10**6)  # the least tolerance; a schedule's own is schedule_tolerance
@@ -86,16 +87,6 @@ class ScheduleError(TesseraError):
         self.constraint = constraint
         self.tasks = list(tasks)
         super().__init__(message)
-
-
-@dataclass(frozen=True)
-class ScheduleEntry:
-    """One task's slot as a schedule states it (the IR's ``pair_schedule`` entry)."""
-
-    task: str
-    start: float
-    duration: float
-    stream: str
 
 
 def entries_of(schedule: PairSchedule) -> list[ScheduleEntry]:
